@@ -1,0 +1,145 @@
+"""Agent settings: one typed object from ``JOBSIGHT_*`` env vars and an optional TOML file.
+
+The agent runs inside researchers' jobs, so a bad value never raises: it is
+warned about once and the default is used (STYLE rule 2).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import socket
+import tomllib
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import urlparse
+
+from agent.wire import ADMIN_TOKEN_FILE, default_data_dir
+
+log = logging.getLogger("jobsight.agent")
+
+DEFAULT_URL = "http://127.0.0.1:8787"
+
+
+@dataclass(frozen=True)
+class AgentSettings:
+    url: str = DEFAULT_URL
+    """Collector base URL (``JOBSIGHT_URL``)."""
+    token: str | None = None
+    """Bearer token (``JOBSIGHT_TOKEN``); ``None`` means look in ``token_file`` and then
+    the local admin token when the collector is on loopback."""
+    token_file: str | None = None
+    cluster: str = "default"
+    job_id: str | None = None
+    """``JOBSIGHT_JOB_ID`` or ``SLURM_JOB_ID``; ``None`` means a local job id is made."""
+    node: str = field(default_factory=socket.gethostname)
+    spool_dir: str | None = None
+    """Where unsent batches are kept; ``None`` means ``<data dir>/spool``."""
+    spool_max_bytes: int = 256 * 1024 * 1024
+    batch_records: int = 1000
+    batch_age_s: float = 1.0
+    queue_max: int = 100_000
+    http_timeout_s: float = 5.0
+    sample_interval_s: float = 5.0
+    registration_dir: str = "/run/jobsight/jobs"
+    nvml_library: str | None = None
+    """Path of ``libnvidia-ml.so.1``; ``None`` lets pynvml find the system one."""
+    data_dir: str = field(default_factory=default_data_dir)
+    directive_poll_s: float = 3.0
+
+    def resolved_spool_dir(self) -> str:
+        return self.spool_dir or os.path.join(self.data_dir, "spool")
+
+    def resolved_token(self) -> str | None:
+        """The token to send, or ``None`` when none can be found (the collector will say 401)."""
+        if self.token:
+            return self.token
+        for path in self._token_paths():
+            try:
+                with open(path, encoding="utf-8") as handle:
+                    value = handle.read().strip()
+            except OSError:
+                continue
+            if value:
+                return value
+        return None
+
+    def _token_paths(self) -> list[str]:
+        paths = [self.token_file] if self.token_file else []
+        host = urlparse(self.url).hostname or ""
+        if host in ("127.0.0.1", "localhost", "::1"):
+            paths.append(os.path.join(self.data_dir, ADMIN_TOKEN_FILE))
+        return paths
+
+
+_ENV_NAMES = {
+    "url": "JOBSIGHT_URL",
+    "token": "JOBSIGHT_TOKEN",
+    "token_file": "JOBSIGHT_TOKEN_FILE",
+    "cluster": "JOBSIGHT_CLUSTER",
+    "job_id": "JOBSIGHT_JOB_ID",
+    "node": "JOBSIGHT_NODE",
+    "spool_dir": "JOBSIGHT_SPOOL_DIR",
+    "spool_max_bytes": "JOBSIGHT_SPOOL_MAX_BYTES",
+    "batch_records": "JOBSIGHT_BATCH_RECORDS",
+    "batch_age_s": "JOBSIGHT_BATCH_AGE_S",
+    "queue_max": "JOBSIGHT_QUEUE_MAX",
+    "http_timeout_s": "JOBSIGHT_HTTP_TIMEOUT_S",
+    "sample_interval_s": "JOBSIGHT_SAMPLE_INTERVAL_S",
+    "registration_dir": "JOBSIGHT_REGISTRATION_DIR",
+    "nvml_library": "JOBSIGHT_NVML_LIBRARY",
+    "data_dir": "JOBSIGHT_DATA_DIR",
+    "directive_poll_s": "JOBSIGHT_DIRECTIVE_POLL_S",
+}
+
+
+def _convert(name: str, raw: Any, default: Any) -> Any:
+    if isinstance(default, bool):
+        return str(raw).lower() in ("1", "true", "yes", "on")
+    if isinstance(default, int):
+        return int(raw)
+    if isinstance(default, float):
+        value = float(raw)
+        if value != value or value <= 0:
+            raise ValueError("must be a positive number")
+        return value
+    return str(raw) if raw != "" else None
+
+
+def _read_toml(path: str) -> dict[str, Any]:
+    try:
+        with open(path, "rb") as handle:
+            data = tomllib.load(handle)
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        log.warning("jobsight: ignoring config file %s: %s", path, exc)
+        return {}
+    section = data.get("agent", {})
+    return section if isinstance(section, dict) else {}
+
+
+def load_agent_settings(env: dict[str, str] | None = None) -> AgentSettings:
+    """Build settings from a TOML file (``JOBSIGHT_CONFIG``, section ``[agent]``) and env vars.
+
+    Env vars win over the file. A bad value is warned about and replaced by the default.
+    """
+    env = dict(os.environ) if env is None else env
+    defaults = AgentSettings()
+    values: dict[str, Any] = {}
+    config = env.get("JOBSIGHT_CONFIG")
+    raw: dict[str, Any] = _read_toml(config) if config else {}
+    for name, var in _ENV_NAMES.items():
+        if var in env:
+            raw[name] = env[var]
+    if "job_id" not in raw and env.get("SLURM_JOB_ID"):
+        raw["job_id"] = env["SLURM_JOB_ID"]
+    known = {f.name for f in dataclasses.fields(AgentSettings)}
+    for name, value in raw.items():
+        if name not in known:
+            log.warning("jobsight: unknown agent setting %r ignored", name)
+            continue
+        try:
+            values[name] = _convert(name, value, getattr(defaults, name))
+        except (TypeError, ValueError) as exc:
+            log.warning("jobsight: bad value for %s (%s); using the default", _ENV_NAMES.get(name, name), exc)
+    return dataclasses.replace(defaults, **values)

@@ -1,0 +1,70 @@
+"""The collector's FastAPI application."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+
+from collector.auth import Authenticator, ensure_admin_token
+from collector.db import autocommit_connection, open_pool
+from collector.errors import install_error_handlers
+from collector.migrate import schema_is_current
+from collector.partitions import PartitionKeeper
+from collector.routes import health, ingest, jobs
+from collector.settings import CollectorSettings, SettingsError, load_collector_settings
+from collector.telemetry import CollectorMetrics
+
+log = logging.getLogger("jobsight.collector")
+
+MAINTENANCE_INTERVAL_S = 3600.0
+
+
+def _maintain(app: FastAPI, stop: threading.Event) -> None:
+    """Make partitions ahead and apply retention, hourly, for as long as the app runs."""
+    settings: CollectorSettings = app.state.settings
+    while not stop.wait(MAINTENANCE_INTERVAL_S):
+        try:
+            with autocommit_connection(app.state.pool) as conn:
+                app.state.partitions.ensure_ahead(conn, settings.partitions_ahead_days)
+                app.state.partitions.drop_older_than(conn, settings.retention_days)
+        except Exception:  # boundary: maintenance must not kill the collector; next hour retries
+            log.exception("partition maintenance failed")
+
+
+def create_app(settings: CollectorSettings | None = None) -> FastAPI:
+    settings = settings or load_collector_settings()
+    if not settings.database_url:
+        raise SettingsError("JOBSIGHT_DATABASE_URL is not set (jobsight up sets it for the embedded database)")
+    database_url = settings.database_url
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        if not schema_is_current(database_url):
+            raise SettingsError("database schema is not current: run `jobsight migrate` first")
+        app.state.pool = open_pool(database_url, settings.pool_size)
+        with autocommit_connection(app.state.pool) as conn:
+            app.state.partitions.load(conn)
+            app.state.partitions.ensure_ahead(conn, settings.partitions_ahead_days)
+        stop = threading.Event()
+        worker = threading.Thread(target=_maintain, args=(app, stop), name="jobsight-maintenance", daemon=True)
+        worker.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            app.state.pool.close()
+
+    app = FastAPI(title="jobsight collector", version="0.1.0", lifespan=lifespan)
+    app.state.settings = settings
+    app.state.metrics = CollectorMetrics()
+    app.state.partitions = PartitionKeeper()
+    app.state.authenticator = Authenticator([ensure_admin_token(settings.resolved_admin_token_file())])
+    install_error_handlers(app)
+    app.include_router(health.router)
+    app.include_router(ingest.router)
+    app.include_router(jobs.router)
+    return app

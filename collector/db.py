@@ -1,0 +1,68 @@
+"""Connections and the one unit-of-work helper (STYLE rule 3).
+
+Routes never catch database errors: :func:`unit_of_work` commits or rolls back,
+and the app's exception handlers map :class:`DatabaseUnavailable` to 503 with
+``Retry-After``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import psycopg
+from psycopg.rows import dict_row
+from psycopg_pool import ConnectionPool, PoolTimeout
+
+from collector.migrate import libpq_url
+
+Connection = psycopg.Connection[Any]
+
+
+class DatabaseUnavailable(RuntimeError):
+    """The database cannot be reached or is shutting down; the client should retry."""
+
+
+def open_pool(database_url: str, size: int) -> ConnectionPool[Connection]:
+    pool: ConnectionPool[Connection] = ConnectionPool(
+        libpq_url(database_url),
+        min_size=1,
+        max_size=size,
+        open=False,
+        timeout=5.0,
+        kwargs={"row_factory": dict_row, "connect_timeout": 5},
+        check=ConnectionPool.check_connection,
+        reconnect_timeout=0,
+    )
+    pool.open(wait=False)
+    return pool
+
+
+@contextmanager
+def unit_of_work(pool: ConnectionPool[Connection]) -> Iterator[Connection]:
+    """A connection inside one transaction: committed on success, rolled back on error."""
+    try:
+        with pool.connection() as conn:
+            with conn.transaction():
+                yield conn
+    except PoolTimeout as exc:
+        raise DatabaseUnavailable("no database connection available") from exc
+    except psycopg.OperationalError as exc:
+        raise DatabaseUnavailable(str(exc).splitlines()[0] if str(exc) else "database unreachable") from exc
+
+
+@contextmanager
+def autocommit_connection(pool: ConnectionPool[Connection]) -> Iterator[Connection]:
+    """A pooled connection in autocommit mode, for DDL that must not share a batch's transaction."""
+    try:
+        with pool.connection() as conn:
+            conn.autocommit = True
+            try:
+                yield conn
+            finally:
+                conn.autocommit = False
+    except PoolTimeout as exc:
+        raise DatabaseUnavailable("no database connection available") from exc
+    except psycopg.OperationalError as exc:
+        raise DatabaseUnavailable(str(exc).splitlines()[0] if str(exc) else "database unreachable") from exc

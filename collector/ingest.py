@@ -1,0 +1,255 @@
+"""Storing one validated batch: idempotent per ``(source, seq)``, one COPY per table.
+
+The batch id goes into ``ingest_batches`` in the same transaction as its rows
+(STYLE rule 4), so a batch is stored completely once or not at all, however
+often the agent retries it.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import datetime as dt
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+from psycopg.types.json import Jsonb
+
+from agent.wire import Batch, WireError
+from collector.db import Connection
+from collector.partitions import PartitionKeeper
+from collector.schema import gpu_samples, host_samples, log_events, metrics, steps
+
+EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
+
+# PostgreSQL type names for binary COPY, by SQLAlchemy column type name.
+_PG_TYPES = {
+    "TEXT": "text",
+    "DATETIME": "timestamptz",
+    "SMALLINTEGER": "int2",
+    "INTEGER": "int4",
+    "BIGINTEGER": "int8",
+    "FLOAT": "float8",
+    "DOUBLE": "float8",
+    "BOOLEAN": "bool",
+    "JSONB": "jsonb",
+}
+
+_SERIES_TABLES = {
+    "gpu_sample": gpu_samples,
+    "host_sample": host_samples,
+    "log": log_events,
+    "metric": metrics,
+    "step": steps,
+    "dropped": log_events,
+}
+
+
+def _copy_types(table: Any) -> list[str]:
+    return [_PG_TYPES[type(column.type).__name__.upper()] for column in table.columns]
+
+
+def ts_from_us(us: int) -> dt.datetime:
+    return EPOCH + dt.timedelta(microseconds=us)
+
+
+@dataclass
+class PreparedBatch:
+    """A batch turned into table rows, ready to write. Built before any database work so a
+    record that cannot be stored is rejected before anything is written."""
+
+    rows: dict[str, list[tuple[Any, ...]]] = field(default_factory=lambda: defaultdict(list))
+    days: dict[str, set[dt.date]] = field(default_factory=lambda: defaultdict(set))
+    jobs_seen: dict[str, dt.datetime] = field(default_factory=dict)
+    job_started: list[dict[str, Any]] = field(default_factory=list)
+    job_ended: list[dict[str, Any]] = field(default_factory=list)
+    profiles: list[dict[str, Any]] = field(default_factory=list)
+    counts: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+
+
+def _row(table: Any, cluster: str, record: dict[str, Any], ts: dt.datetime) -> tuple[Any, ...]:
+    values = []
+    for column in table.columns:
+        name = column.name
+        if name == "cluster":
+            values.append(cluster)
+        elif name == "job_id":
+            values.append(record["job"])
+        elif name == "ts":
+            values.append(ts)
+        elif name == "attrs":
+            attrs = record.get("attrs")
+            values.append(Jsonb(attrs) if attrs is not None else None)
+        else:
+            values.append(record.get(name))
+    return tuple(values)
+
+
+def _dropped_as_log(record: dict[str, Any]) -> dict[str, Any]:
+    reason = record.get("reason") or "agent queue or spool full"
+    return {
+        **record,
+        "level": "WARNING",
+        "logger": "jobsight.dropped",
+        "message": f"jobsight agent dropped {record['count']} records: {reason}",
+        "attrs": {"dropped": record["count"], "reason": reason},
+    }
+
+
+def _decode_trace(record: dict[str, Any], index: int) -> bytes | None:
+    blob = record.get("trace_gz_b64")
+    if blob is None:
+        return None
+    try:
+        raw = base64.b64decode(blob, validate=True)
+    except (binascii.Error, ValueError) as exc:
+        raise WireError("not valid base64", index, "trace_gz_b64") from exc
+    if raw[:2] != b"\x1f\x8b":
+        raise WireError("trace is not gzip data", index, "trace_gz_b64")
+    return raw
+
+
+def prepare(batch: Batch) -> PreparedBatch:
+    prepared = PreparedBatch()
+    for index, record in enumerate(batch.records):
+        kind = record["kind"]
+        ts = ts_from_us(record["ts"])
+        job = record["job"]
+        prepared.counts[kind] += 1
+        first = prepared.jobs_seen.get(job)
+        if first is None or ts < first:
+            prepared.jobs_seen[job] = ts
+        if kind in _SERIES_TABLES:
+            table = _SERIES_TABLES[kind]
+            source = _dropped_as_log(record) if kind == "dropped" else record
+            prepared.rows[table.name].append(_row(table, batch.cluster, source, ts))
+            prepared.days[table.name].add(ts.date())
+        elif kind == "job_started":
+            prepared.job_started.append({**record, "ts": ts})
+        elif kind == "job_ended":
+            prepared.job_ended.append({**record, "ts": ts})
+        elif kind == "profile":
+            prepared.profiles.append({**record, "ts": ts, "trace_gz": _decode_trace(record, index)})
+    return prepared
+
+
+_TABLES = {t.name: t for t in (gpu_samples, host_samples, log_events, metrics, steps)}
+_TYPES = {name: _copy_types(table) for name, table in _TABLES.items()}
+
+
+def ensure_partitions(conn: Connection, keeper: PartitionKeeper, prepared: PreparedBatch) -> None:
+    for table, days in prepared.days.items():
+        keeper.ensure(conn, table, days)
+
+
+def store(conn: Connection, batch: Batch, prepared: PreparedBatch) -> bool:
+    """Write the batch inside the caller's transaction. Returns ``False`` for a replay,
+    in which case nothing was written."""
+    claimed = conn.execute(
+        "INSERT INTO ingest_batches (source, seq, cluster, records) VALUES (%s, %s, %s, %s) "
+        "ON CONFLICT (source, seq) DO NOTHING RETURNING seq",
+        (batch.source, batch.seq, batch.cluster, len(batch.records)),
+    ).fetchone()
+    if claimed is None:
+        return False
+    _upsert_jobs_seen(conn, batch.cluster, prepared.jobs_seen)
+    for record in prepared.job_started:
+        _job_started(conn, batch.cluster, record)
+    for table_name, rows in prepared.rows.items():
+        table = _TABLES[table_name]
+        columns = ", ".join(f'"{c.name}"' for c in table.columns)
+        with conn.cursor() as cur:
+            with cur.copy(f"COPY {table_name} ({columns}) FROM STDIN WITH (FORMAT BINARY)") as copy:
+                copy.set_types(_TYPES[table_name])
+                for row in rows:
+                    copy.write_row(row)
+    for record in prepared.profiles:
+        _profile(conn, batch.cluster, record)
+    for record in prepared.job_ended:
+        _job_ended(conn, batch.cluster, record)
+    return True
+
+
+def _upsert_jobs_seen(conn: Connection, cluster: str, seen: dict[str, dt.datetime]) -> None:
+    """A record for a job the collector has not seen creates it (workstation runs have no prolog)."""
+    if not seen:
+        return
+    jobs = sorted(seen)
+    conn.execute(
+        """INSERT INTO jobs AS j (cluster, job_id, start_time, first_seen, last_seen)
+           SELECT %s, job, ts, now(), ts FROM unnest(%s::text[], %s::timestamptz[]) AS s(job, ts)
+           ON CONFLICT (cluster, job_id) DO UPDATE
+           SET last_seen = greatest(j.last_seen, excluded.last_seen),
+               start_time = least(j.start_time, excluded.start_time)""",
+        (cluster, jobs, [seen[j] for j in jobs]),
+    )
+
+
+def _job_started(conn: Connection, cluster: str, r: dict[str, Any]) -> None:
+    nodes = r.get("nodes") or ([r["node"]] if r.get("node") else None)
+    conn.execute(
+        """UPDATE jobs SET user_name = coalesce(%s, user_name), uid = coalesce(%s, uid),
+               account = coalesce(%s, account), partition = coalesce(%s, partition),
+               name = coalesce(%s, name), node_count = coalesce(%s, node_count),
+               time_limit_s = coalesce(%s, time_limit_s), demo = demo OR %s,
+               attrs = coalesce(attrs, '{}'::jsonb) || coalesce(%s, '{}'::jsonb),
+               nodes = (SELECT array_agg(DISTINCT n ORDER BY n) FROM unnest(coalesce(nodes, '{}') || %s::text[]) n),
+               gpus = (SELECT array_agg(DISTINCT g ORDER BY g) FROM unnest(coalesce(gpus, '{}') || %s::text[]) g),
+               start_time = least(start_time, %s), state = CASE WHEN end_time IS NULL THEN 'running' ELSE state END
+           WHERE cluster = %s AND job_id = %s""",
+        (
+            r.get("user"),
+            r.get("uid"),
+            r.get("account"),
+            r.get("partition"),
+            r.get("name"),
+            r.get("node_count"),
+            r.get("time_limit_s"),
+            bool(r.get("demo")),
+            Jsonb(r["attrs"]) if r.get("attrs") is not None else None,
+            nodes or [],
+            [f"{r.get('node') or ''}:{g}" for g in (r.get("gpus") or [])],
+            r["ts"],
+            cluster,
+            r["job"],
+        ),
+    )
+
+
+def _job_ended(conn: Connection, cluster: str, r: dict[str, Any]) -> None:
+    exit_code = r.get("exit_code")
+    state = r.get("state") or ("completed" if exit_code in (0, None) else "failed")
+    conn.execute(
+        """UPDATE jobs SET end_time = greatest(coalesce(end_time, %s), %s),
+               exit_code = CASE WHEN coalesce(exit_code, 0) = 0 THEN %s ELSE exit_code END,
+               state = CASE WHEN state IN ('failed', 'cancelled', 'timeout', 'node_fail') THEN state ELSE %s END,
+               last_seen = greatest(last_seen, %s)
+           WHERE cluster = %s AND job_id = %s""",
+        (r["ts"], r["ts"], exit_code, state, r["ts"], cluster, r["job"]),
+    )
+
+
+def _profile(conn: Connection, cluster: str, r: dict[str, Any]) -> None:
+    conn.execute(
+        """INSERT INTO profiles (cluster, job_id, ts, node, rank, pid, profile_id, request_id,
+               step_start, step_end, summary, diagnosis, trace_gz, note)
+           VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)""",
+        (
+            cluster,
+            r["job"],
+            r["ts"],
+            r.get("node"),
+            r.get("rank"),
+            r.get("pid"),
+            r["profile_id"],
+            r.get("request_id"),
+            r.get("step_start"),
+            r.get("step_end"),
+            Jsonb(r["summary"]),
+            Jsonb(r["diagnosis"]) if r.get("diagnosis") is not None else None,
+            r.get("trace_gz"),
+            r.get("note"),
+        ),
+    )
+

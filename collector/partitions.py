@@ -1,0 +1,97 @@
+"""Daily range partitions of the time-series tables: made ahead, made on demand for
+late data (a spool replayed days later), dropped past the retention window."""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import threading
+from collections.abc import Iterable
+
+import psycopg
+from psycopg import sql
+
+from collector.schema import PARTITIONED_TABLES
+
+log = logging.getLogger("jobsight.collector")
+
+# Serialises partition DDL across collector processes sharing one database.
+_DDL_LOCK_KEY = 0x6A6F6273
+
+
+def partition_name(table: str, day: dt.date) -> str:
+    return f"{table}_p{day:%Y%m%d}"
+
+
+class PartitionKeeper:
+    """Remembers which daily partitions exist so the ingest path asks the database only
+    when a batch brings a day it has not seen."""
+
+    def __init__(self) -> None:
+        self._known: set[tuple[str, dt.date]] = set()
+        self._lock = threading.Lock()
+
+    def load(self, conn: psycopg.Connection[object]) -> None:
+        rows = conn.execute(
+            """SELECT parent.relname, child.relname FROM pg_inherits
+               JOIN pg_class parent ON parent.oid = pg_inherits.inhparent
+               JOIN pg_class child ON child.oid = pg_inherits.inhrelid
+               WHERE parent.relname = ANY(%s)""",
+            (list(PARTITIONED_TABLES),),
+        ).fetchall()
+        with self._lock:
+            for parent, child in rows:
+                day = dt.datetime.strptime(str(child)[-8:], "%Y%m%d").date()
+                self._known.add((str(parent), day))
+
+    def missing(self, table: str, days: Iterable[dt.date]) -> list[dt.date]:
+        with self._lock:
+            return sorted({d for d in days if (table, d) not in self._known})
+
+    def ensure(self, conn: psycopg.Connection[object], table: str, days: Iterable[dt.date]) -> None:
+        """Create the partitions of ``table`` for ``days``; ``conn`` must be in autocommit."""
+        wanted = self.missing(table, days)
+        if not wanted:
+            return
+        with conn.transaction():
+            conn.execute("SELECT pg_advisory_xact_lock(%s)", (_DDL_LOCK_KEY,))
+            for day in wanted:
+                conn.execute(
+                    sql.SQL(
+                        "CREATE TABLE IF NOT EXISTS {} PARTITION OF {} FOR VALUES FROM ({}) TO ({})"
+                    ).format(
+                        sql.Identifier(partition_name(table, day)),
+                        sql.Identifier(table),
+                        sql.Literal(f"{day.isoformat()} 00:00:00+00"),
+                        sql.Literal(f"{(day + dt.timedelta(days=1)).isoformat()} 00:00:00+00"),
+                    )
+                )
+        with self._lock:
+            self._known.update((table, day) for day in wanted)
+
+    def ensure_ahead(self, conn: psycopg.Connection[object], days_ahead: int, today: dt.date | None = None) -> None:
+        today = today or dt.datetime.now(dt.timezone.utc).date()
+        days = [today + dt.timedelta(days=n) for n in range(-1, days_ahead + 1)]
+        for table in PARTITIONED_TABLES:
+            self.ensure(conn, table, days)
+
+    def drop_older_than(self, conn: psycopg.Connection[object], retention_days: int, today: dt.date | None = None) -> list[str]:
+        """Drop whole partitions older than the retention window; returns their names."""
+        if retention_days <= 0:
+            return []
+        today = today or dt.datetime.now(dt.timezone.utc).date()
+        cutoff = today - dt.timedelta(days=retention_days)
+        with self._lock:
+            old = sorted((t, d) for t, d in self._known if d < cutoff)
+        dropped: list[str] = []
+        for table, day in old:
+            name = partition_name(table, day)
+            with conn.transaction():
+                conn.execute("SELECT pg_advisory_xact_lock(%s)", (_DDL_LOCK_KEY,))
+                conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier(name)))
+            with self._lock:
+                self._known.discard((table, day))
+            dropped.append(name)
+        if dropped:
+            log.info("retention: dropped %d partitions older than %s", len(dropped), cutoff)
+        return dropped

@@ -1,0 +1,278 @@
+"""Every read query, shared by the read API and the dashboard (which must not write SQL).
+
+Series are downsampled in SQL with ``date_bin`` so no caller ever pulls raw rows for a
+chart: a series of any length comes back as at most ``points`` buckets.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass
+from typing import Any
+
+from collector.db import Connection
+
+MAX_POINTS = 5000
+MAX_PAGE = 1000
+
+
+@dataclass(frozen=True)
+class TimeRange:
+    start: dt.datetime
+    end: dt.datetime
+
+    def bucket_seconds(self, points: int) -> float:
+        """Bucket width giving at most ``points`` buckets over the range.
+
+        ``date_bin`` aligns buckets to ``start``, so a range of ``span`` makes
+        ``floor(span / width) + 1`` buckets; a width just over ``span / points``
+        keeps that at ``points`` or fewer.
+        """
+        span_us = max(int((self.end - self.start) / dt.timedelta(microseconds=1)), 0)
+        return (span_us // max(points, 1) + 1) / 1e6
+
+
+def list_jobs(
+    conn: Connection,
+    *,
+    cluster: str | None = None,
+    user: str | None = None,
+    state: str | None = None,
+    partition: str | None = None,
+    since: dt.datetime | None = None,
+    until: dt.datetime | None = None,
+    max_mean_util: float | None = None,
+    limit: int = 50,
+    offset: int = 0,
+) -> tuple[list[dict[str, Any]], int]:
+    """Jobs matching the filters, running first then newest first, and the total count.
+
+    ``since``/``until`` select jobs whose run overlaps the range; ``max_mean_util``
+    keeps jobs whose summary's mean GPU utilisation is below it (jobs without a
+    summary are left out by that filter).
+    """
+    where = ["true"]
+    params: dict[str, Any] = {}
+    for column, value in (("j.cluster", cluster), ("j.user_name", user), ("j.state", state), ("j.partition", partition)):
+        if value is not None:
+            key = column.split(".")[1]
+            where.append(f"{column} = %({key})s")
+            params[key] = value
+    if since is not None:
+        where.append("coalesce(j.end_time, 'infinity') >= %(since)s")
+        params["since"] = since
+    if until is not None:
+        where.append("j.start_time <= %(until)s")
+        params["until"] = until
+    if max_mean_util is not None:
+        where.append("s.mean_util < %(max_mean_util)s")
+        params["max_mean_util"] = max_mean_util
+    clause = " AND ".join(where)
+    base = f"FROM jobs j LEFT JOIN job_summaries s ON s.cluster = j.cluster AND s.job_id = j.job_id WHERE {clause}"
+    total = conn.execute(f"SELECT count(*) AS n {base}", params).fetchone()
+    params.update(limit=min(max(limit, 1), MAX_PAGE), offset=max(offset, 0))
+    rows = conn.execute(
+        f"""SELECT j.cluster, j.job_id, j.user_name, j.account, j.partition, j.name, j.nodes, j.node_count,
+                   j.gpus, j.start_time, j.end_time, j.state, j.exit_code, j.demo, j.last_seen,
+                   s.gpu_count, s.gpu_hours, s.mean_util, s.energy_kwh, s.flags
+            {base}
+            ORDER BY (j.state = 'running') DESC, j.start_time DESC NULLS LAST, j.job_id
+            LIMIT %(limit)s OFFSET %(offset)s""",
+        params,
+    ).fetchall()
+    return rows, int(total["n"]) if total else 0
+
+
+def get_job(conn: Connection, cluster: str, job_id: str) -> dict[str, Any] | None:
+    """The job's row with its summary, or ``None`` when the collector has never seen it."""
+    return conn.execute(
+        """SELECT j.*, s.summary, s.gpu_count, s.gpu_hours, s.mean_util, s.energy_kwh, s.flags
+           FROM jobs j LEFT JOIN job_summaries s ON s.cluster = j.cluster AND s.job_id = j.job_id
+           WHERE j.cluster = %s AND j.job_id = %s""",
+        (cluster, job_id),
+    ).fetchone()
+
+
+def series_range(conn: Connection, table: str, cluster: str, job_id: str) -> TimeRange | None:
+    """First and last timestamp of a job's rows in ``table``; ``None`` when it has none."""
+    if table not in ("gpu_samples", "host_samples", "metrics", "steps", "log_events"):
+        raise ValueError(f"not a series table: {table}")
+    row = conn.execute(
+        f"SELECT min(ts) AS start, max(ts) AS end FROM {table} WHERE job_id = %s AND cluster = %s",
+        (job_id, cluster),
+    ).fetchone()
+    if row is None or row["start"] is None:
+        return None
+    return TimeRange(row["start"], row["end"])
+
+
+def _resolve_range(
+    conn: Connection, table: str, cluster: str, job_id: str, start: dt.datetime | None, end: dt.datetime | None
+) -> TimeRange | None:
+    if start is not None and end is not None:
+        return TimeRange(start, end)
+    found = series_range(conn, table, cluster, job_id)
+    if found is None:
+        return None
+    return TimeRange(start or found.start, end or found.end)
+
+
+def gpu_series(
+    conn: Connection,
+    cluster: str,
+    job_id: str,
+    *,
+    start: dt.datetime | None = None,
+    end: dt.datetime | None = None,
+    points: int = 500,
+) -> list[dict[str, Any]]:
+    """Per GPU (node, index, MIG device) and time bucket: mean utilisation, max memory,
+    mean power and temperature. At most ``points`` buckets per GPU."""
+    points = min(max(points, 1), MAX_POINTS)
+    window = _resolve_range(conn, "gpu_samples", cluster, job_id, start, end)
+    if window is None:
+        return []
+    return conn.execute(
+        """SELECT node, gpu_index, gpu_uuid, mig_uuid,
+                  date_bin(make_interval(secs => %(width)s), ts, %(origin)s) AS bucket,
+                  avg(util_gpu) AS util_gpu, avg(util_mem) AS util_mem,
+                  max(mem_used) AS mem_used, max(mem_total) AS mem_total,
+                  avg(power_w) AS power_w, avg(temp_c) AS temp_c, max(energy_j) AS energy_j,
+                  bool_or(lost) AS lost, count(*) AS samples
+           FROM gpu_samples
+           WHERE job_id = %(job)s AND cluster = %(cluster)s AND ts >= %(origin)s AND ts <= %(end)s
+           GROUP BY node, gpu_index, gpu_uuid, mig_uuid, bucket
+           ORDER BY node, gpu_index, mig_uuid NULLS FIRST, bucket""",
+        {
+            "width": window.bucket_seconds(points),
+            "origin": window.start,
+            "end": window.end,
+            "job": job_id,
+            "cluster": cluster,
+        },
+    ).fetchall()
+
+
+def metric_series(
+    conn: Connection,
+    cluster: str,
+    job_id: str,
+    *,
+    name: str | None = None,
+    rank: int | None = None,
+    start: dt.datetime | None = None,
+    end: dt.datetime | None = None,
+    points: int = 500,
+) -> list[dict[str, Any]]:
+    """Per metric name and rank and time bucket: mean, min, max and last step."""
+    points = min(max(points, 1), MAX_POINTS)
+    window = _resolve_range(conn, "metrics", cluster, job_id, start, end)
+    if window is None:
+        return []
+    return conn.execute(
+        """SELECT name, rank, date_bin(make_interval(secs => %(width)s), ts, %(origin)s) AS bucket,
+                  avg(value) AS value, min(value) AS min, max(value) AS max, max(step) AS step,
+                  count(*) AS samples
+           FROM metrics
+           WHERE job_id = %(job)s AND cluster = %(cluster)s AND ts >= %(origin)s AND ts <= %(end)s
+             AND (%(name)s::text IS NULL OR name = %(name)s)
+             AND (%(rank)s::int IS NULL OR rank = %(rank)s)
+           GROUP BY name, rank, bucket
+           ORDER BY name, rank NULLS FIRST, bucket""",
+        {
+            "width": window.bucket_seconds(points),
+            "origin": window.start,
+            "end": window.end,
+            "job": job_id,
+            "cluster": cluster,
+            "name": name,
+            "rank": rank,
+        },
+    ).fetchall()
+
+
+def metric_names(conn: Connection, cluster: str, job_id: str) -> list[str]:
+    rows = conn.execute(
+        "SELECT DISTINCT name FROM metrics WHERE job_id = %s AND cluster = %s ORDER BY name", (job_id, cluster)
+    ).fetchall()
+    return [r["name"] for r in rows]
+
+
+def step_series(
+    conn: Connection,
+    cluster: str,
+    job_id: str,
+    *,
+    start: dt.datetime | None = None,
+    end: dt.datetime | None = None,
+    points: int = 500,
+) -> list[dict[str, Any]]:
+    """Per rank and time bucket: mean and max step time, data-wait share, steps and samples."""
+    points = min(max(points, 1), MAX_POINTS)
+    window = _resolve_range(conn, "steps", cluster, job_id, start, end)
+    if window is None:
+        return []
+    return conn.execute(
+        """SELECT rank, date_bin(make_interval(secs => %(width)s), ts, %(origin)s) AS bucket,
+                  avg(duration_s) AS duration_s, max(duration_s) AS max_duration_s,
+                  sum(data_wait_s) / nullif(sum(duration_s), 0) AS data_wait_share,
+                  count(*) AS steps, sum(samples) AS samples, max(step) AS last_step, max(epoch) AS epoch
+           FROM steps
+           WHERE job_id = %(job)s AND cluster = %(cluster)s AND ts >= %(origin)s AND ts <= %(end)s
+             AND coalesce(phase, 'train') = 'train'
+           GROUP BY rank, bucket
+           ORDER BY rank NULLS FIRST, bucket""",
+        {"width": window.bucket_seconds(points), "origin": window.start, "end": window.end, "job": job_id, "cluster": cluster},
+    ).fetchall()
+
+
+def log_events(
+    conn: Connection,
+    cluster: str,
+    job_id: str,
+    *,
+    rank: int | None = None,
+    pid: int | None = None,
+    tid: int | None = None,
+    level: str | None = None,
+    text: str | None = None,
+    start: dt.datetime | None = None,
+    end: dt.datetime | None = None,
+    limit: int = 200,
+    offset: int = 0,
+) -> list[dict[str, Any]]:
+    """Log lines, newest first. ``level`` is a minimum (``WARNING`` includes ``ERROR``);
+    ``text`` matches message or exception, case-insensitively."""
+    levels = ["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"]
+    wanted = levels[levels.index(level.upper()) :] if level and level.upper() in levels else None
+    return conn.execute(
+        """SELECT ts, node, rank, pid, tid, thread, level, logger, message, exception, attrs
+           FROM log_events
+           WHERE job_id = %(job)s AND cluster = %(cluster)s
+             AND (%(rank)s::int IS NULL OR rank = %(rank)s)
+             AND (%(pid)s::int IS NULL OR pid = %(pid)s)
+             AND (%(tid)s::bigint IS NULL OR tid = %(tid)s)
+             AND (%(levels)s::text[] IS NULL OR level = ANY(%(levels)s))
+             AND (%(text)s::text IS NULL OR message ILIKE %(pattern)s OR exception ILIKE %(pattern)s)
+             AND (%(start)s::timestamptz IS NULL OR ts >= %(start)s)
+             AND (%(end)s::timestamptz IS NULL OR ts <= %(end)s)
+           ORDER BY ts DESC LIMIT %(limit)s OFFSET %(offset)s""",
+        {
+            "job": job_id,
+            "cluster": cluster,
+            "rank": rank,
+            "pid": pid,
+            "tid": tid,
+            "levels": wanted,
+            "text": text,
+            "pattern": f"%{_escape_like(text)}%" if text else None,
+            "start": start,
+            "end": end,
+            "limit": min(max(limit, 1), MAX_PAGE),
+            "offset": max(offset, 0),
+        },
+    ).fetchall()
+
+
+def _escape_like(text: str | None) -> str:
+    return (text or "").replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")

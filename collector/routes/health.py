@@ -1,0 +1,46 @@
+"""Liveness, readiness and Prometheus metrics."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Request, Response
+from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import JSONResponse
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from collector.db import DatabaseUnavailable, unit_of_work
+from collector.deps import Metrics, Pool
+from collector.migrate import head_revision
+
+router = APIRouter(tags=["health"])
+
+
+@router.get("/healthz")
+def healthz() -> dict[str, str]:
+    """The process is up (says nothing about the database)."""
+    return {"status": "ok"}
+
+
+def _current_revision(pool: Any) -> str | None:
+    with unit_of_work(pool) as conn:
+        row = conn.execute("SELECT version_num FROM alembic_version").fetchone()
+    return row["version_num"] if row else None
+
+
+@router.get("/readyz")
+async def readyz(pool: Pool) -> JSONResponse:
+    """Ready when the database answers and its schema is at this collector's head."""
+    try:
+        current = await run_in_threadpool(_current_revision, pool)
+    except DatabaseUnavailable as exc:
+        return JSONResponse(status_code=503, content={"status": "database unavailable", "error": str(exc)}, headers={"Retry-After": "5"})
+    head = head_revision()
+    if current != head:
+        return JSONResponse(status_code=503, content={"status": "schema out of date", "database": current, "expected": head})
+    return JSONResponse(content={"status": "ready", "schema": current})
+
+
+@router.get("/metrics")
+def prometheus_metrics(request: Request, metrics: Metrics) -> Response:
+    return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)

@@ -1,0 +1,246 @@
+"""The database schema as SQLAlchemy metadata.
+
+Alembic (``migrations/``) is the only way the schema changes; this module is what
+autogenerate compares the database against, and what the ingest path reads its
+column lists from. Time-series tables are range-partitioned by ``ts``; their daily
+partitions (``<table>_pYYYYMMDD``) are made by :mod:`collector.partitions`.
+"""
+
+from __future__ import annotations
+
+import re
+
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    Column,
+    DateTime,
+    Double,
+    Float,
+    Identity,
+    Index,
+    Integer,
+    LargeBinary,
+    MetaData,
+    PrimaryKeyConstraint,
+    SmallInteger,
+    Table,
+    Text,
+    text,
+)
+from sqlalchemy.dialects.postgresql import ARRAY, JSONB
+
+metadata = MetaData(
+    naming_convention={
+        "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+        "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+        "ck": "ck_%(table_name)s_%(constraint_name)s",
+        "pk": "pk_%(table_name)s",
+    }
+)
+
+TS = DateTime(timezone=True)
+PARTITIONED = {"postgresql_partition_by": "RANGE (ts)"}
+
+
+def _series_keys() -> list[Column[object]]:
+    """Columns every time-series row carries: where it belongs and when."""
+    return [
+        Column("cluster", Text, nullable=False),
+        Column("job_id", Text, nullable=False),
+        Column("ts", TS, nullable=False),
+        Column("node", Text),
+    ]
+
+
+jobs = Table(
+    "jobs",
+    metadata,
+    Column("cluster", Text, nullable=False),
+    Column("job_id", Text, nullable=False),
+    Column("user_name", Text),
+    Column("uid", Integer),
+    Column("account", Text),
+    Column("partition", Text),
+    Column("name", Text),
+    Column("nodes", ARRAY(Text)),
+    Column("node_count", Integer),
+    Column("gpus", ARRAY(Text)),
+    Column("time_limit_s", Integer),
+    Column("start_time", TS),
+    Column("end_time", TS),
+    Column("state", Text, nullable=False, server_default=text("'running'")),
+    Column("exit_code", Integer),
+    Column("demo", Boolean, nullable=False, server_default=text("false")),
+    Column("attrs", JSONB),
+    Column("first_seen", TS, nullable=False, server_default=text("now()")),
+    Column("last_seen", TS, nullable=False, server_default=text("now()")),
+    PrimaryKeyConstraint("cluster", "job_id"),
+    Index(None, "state"),
+    Index(None, "user_name"),
+    Index(None, "start_time"),
+)
+
+gpu_samples = Table(
+    "gpu_samples",
+    metadata,
+    *_series_keys(),
+    Column("gpu_index", SmallInteger, nullable=False),
+    Column("gpu_uuid", Text, nullable=False),
+    Column("gpu_name", Text),
+    Column("mig_uuid", Text),
+    Column("util_gpu", Float),
+    Column("util_mem", Float),
+    Column("mem_used", BigInteger),
+    Column("mem_total", BigInteger),
+    Column("power_w", Float),
+    Column("energy_j", Double),
+    Column("temp_c", Float),
+    Column("sm_clock_mhz", Integer),
+    Column("mem_clock_mhz", Integer),
+    Column("pcie_tx_kbs", Integer),
+    Column("pcie_rx_kbs", Integer),
+    Column("throttle_reasons", BigInteger),
+    Column("ecc_errors", BigInteger),
+    Column("process_count", Integer),
+    Column("sm_active", Float),
+    Column("tensor_active", Float),
+    Column("lost", Boolean),
+    Index(None, "job_id", "ts"),
+    **PARTITIONED,
+)
+
+host_samples = Table(
+    "host_samples",
+    metadata,
+    *_series_keys(),
+    Column("cpu_util", Float),
+    Column("cpu_time_s", Double),
+    Column("mem_used", BigInteger),
+    Column("mem_limit", BigInteger),
+    Index(None, "job_id", "ts"),
+    **PARTITIONED,
+)
+
+log_events = Table(
+    "log_events",
+    metadata,
+    *_series_keys(),
+    Column("rank", Integer),
+    Column("pid", Integer),
+    Column("tid", BigInteger),
+    Column("thread", Text),
+    Column("level", Text, nullable=False),
+    Column("logger", Text),
+    Column("message", Text, nullable=False),
+    Column("exception", Text),
+    Column("attrs", JSONB),
+    Index(None, "job_id", "ts"),
+    **PARTITIONED,
+)
+
+metrics = Table(
+    "metrics",
+    metadata,
+    *_series_keys(),
+    Column("rank", Integer),
+    Column("pid", Integer),
+    Column("step", BigInteger),
+    Column("name", Text, nullable=False),
+    Column("value", Double, nullable=False),
+    Index(None, "job_id", "name", "ts"),
+    **PARTITIONED,
+)
+
+steps = Table(
+    "steps",
+    metadata,
+    *_series_keys(),
+    Column("rank", Integer),
+    Column("pid", Integer),
+    Column("step", BigInteger, nullable=False),
+    Column("epoch", Integer),
+    Column("phase", Text),
+    Column("duration_s", Double, nullable=False),
+    Column("data_wait_s", Double),
+    Column("compute_s", Double),
+    Column("samples", Integer),
+    Index(None, "job_id", "ts"),
+    **PARTITIONED,
+)
+
+profiles = Table(
+    "profiles",
+    metadata,
+    Column("id", BigInteger, Identity(), nullable=False),
+    Column("cluster", Text, nullable=False),
+    Column("job_id", Text, nullable=False),
+    Column("ts", TS, nullable=False),
+    Column("node", Text),
+    Column("rank", Integer),
+    Column("pid", Integer),
+    Column("profile_id", Text, nullable=False),
+    Column("request_id", BigInteger),
+    Column("step_start", BigInteger),
+    Column("step_end", BigInteger),
+    Column("summary", JSONB, nullable=False),
+    Column("diagnosis", JSONB),
+    Column("trace_gz", LargeBinary),
+    Column("note", Text),
+    PrimaryKeyConstraint("id"),
+    Index(None, "job_id", "ts"),
+)
+
+job_summaries = Table(
+    "job_summaries",
+    metadata,
+    Column("cluster", Text, nullable=False),
+    Column("job_id", Text, nullable=False),
+    Column("computed_at", TS, nullable=False, server_default=text("now()")),
+    Column("gpu_count", Integer),
+    Column("gpu_hours", Double),
+    Column("mean_util", Double),
+    Column("energy_kwh", Double),
+    Column("flags", ARRAY(Text)),
+    Column("summary", JSONB, nullable=False),
+    PrimaryKeyConstraint("cluster", "job_id"),
+)
+
+ingest_batches = Table(
+    "ingest_batches",
+    metadata,
+    Column("source", Text, nullable=False),
+    Column("seq", BigInteger, nullable=False),
+    Column("cluster", Text, nullable=False),
+    Column("records", Integer, nullable=False),
+    Column("received_at", TS, nullable=False, server_default=text("now()")),
+    PrimaryKeyConstraint("source", "seq"),
+    Index(None, "received_at"),
+)
+
+profile_requests = Table(
+    "profile_requests",
+    metadata,
+    Column("id", BigInteger, Identity(), nullable=False),
+    Column("cluster", Text, nullable=False),
+    Column("job_id", Text, nullable=False),
+    Column("created_at", TS, nullable=False, server_default=text("now()")),
+    Column("updated_at", TS, nullable=False, server_default=text("now()")),
+    Column("requested_by", Text),
+    Column("steps", Integer, nullable=False),
+    Column("ranks", ARRAY(Integer)),
+    Column("state", Text, nullable=False, server_default=text("'pending'")),
+    Column("reason", Text),
+    Column("profile_id", Text),
+    PrimaryKeyConstraint("id"),
+    Index(None, "job_id", "state"),
+)
+
+PARTITIONED_TABLES = ("gpu_samples", "host_samples", "log_events", "metrics", "steps")
+
+_PARTITION_NAME = re.compile(r"_p\d{8}$")
+
+
+def include_name(name: str | None, type_: str, parent_names: object) -> bool:
+    """Alembic filter: daily partitions and their indexes belong to the collector."""
+    return not (type_ in ("table", "index") and name is not None and _PARTITION_NAME.search(name))

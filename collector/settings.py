@@ -1,0 +1,94 @@
+"""Collector settings: one typed object from ``JOBSIGHT_*`` env vars and a TOML file.
+
+A bad value stops the server at start-up with a message naming it (STYLE rule 2).
+The TOML file is named by ``JOBSIGHT_CONFIG``; its ``[collector]`` table holds the
+same names as the fields below.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from pydantic import Field, ValidationError
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+from agent.wire import ADMIN_TOKEN_FILE, default_data_dir
+
+
+class SettingsError(RuntimeError):
+    """A setting that cannot be used; the message names it."""
+
+
+class _TomlSection(PydanticBaseSettingsSource):
+    """Reads the ``[collector]`` table of the file named by ``JOBSIGHT_CONFIG``."""
+
+    def get_field_value(self, field: Any, field_name: str) -> tuple[Any, str, bool]:
+        return None, field_name, False
+
+    def __call__(self) -> dict[str, Any]:
+        path = os.environ.get("JOBSIGHT_CONFIG")
+        if not path:
+            return {}
+        try:
+            with open(path, "rb") as handle:
+                data = tomllib.load(handle)
+        except OSError as exc:
+            raise SettingsError(f"JOBSIGHT_CONFIG: cannot read {path}: {exc.strerror}") from exc
+        except tomllib.TOMLDecodeError as exc:
+            raise SettingsError(f"JOBSIGHT_CONFIG: {path} is not valid TOML: {exc}") from exc
+        section = data.get("collector", {})
+        return section if isinstance(section, dict) else {}
+
+
+class CollectorSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="JOBSIGHT_", extra="ignore")
+
+    database_url: str | None = None
+    """PostgreSQL DSN; ``None`` means ``jobsight up`` starts the embedded server."""
+    host: str = "127.0.0.1"
+    port: int = Field(8787, ge=1, le=65535)
+    data_dir: Path = Field(default_factory=lambda: Path(default_data_dir()))
+    admin_token_file: Path | None = None
+    """``None`` means ``<data_dir>/admin_token``."""
+    secret_file: Path | None = None
+    """Cluster secret for job and node tokens; ``None`` means ``<data_dir>/cluster_secret``."""
+    cluster: str = "default"
+    max_body_bytes: int = Field(16 * 1024 * 1024, gt=0)
+    max_decompressed_bytes: int = Field(128 * 1024 * 1024, gt=0)
+    pool_size: int = Field(8, ge=1, le=256)
+    retention_days: int = Field(180, ge=0)
+    """Raw time-series partitions older than this are dropped; 0 keeps everything."""
+    partitions_ahead_days: int = Field(2, ge=0, le=60)
+    dashboard_url: str = "http://127.0.0.1:8501"
+    dashboard_port: int = Field(8501, ge=1, le=65535)
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        return (init_settings, env_settings, _TomlSection(settings_cls))
+
+    def resolved_admin_token_file(self) -> Path:
+        return self.admin_token_file or self.data_dir / ADMIN_TOKEN_FILE
+
+    def resolved_secret_file(self) -> Path:
+        return self.secret_file or self.data_dir / "cluster_secret"
+
+
+def load_collector_settings(**overrides: Any) -> CollectorSettings:
+    """Load and validate settings; raises :class:`SettingsError` naming the bad value."""
+    try:
+        return CollectorSettings(**overrides)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"JOBSIGHT_{'_'.join(str(p) for p in err['loc']).upper()}: {err['msg']}" for err in exc.errors()
+        )
+        raise SettingsError(f"invalid collector settings: {problems}") from exc
