@@ -69,5 +69,5 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
 
 
-if __name__ == "__main__":
+if __name__ == "__main__":  # `python -m agent.cli`, used by `jobsight up`
     sys.exit(main())

@@ -195,13 +195,10 @@ def encode_batch(
     return gzip.compress(body, compresslevel=5)
 
 
-def _reject_constant(name: str) -> None:
-    raise ValueError(f"{name} is not valid JSON")
-
-
-def loads_strict(raw: bytes) -> Any:
-    """Parse JSON, refusing NaN and Infinity (Python's json accepts them by default)."""
-    return json.loads(raw, parse_constant=_reject_constant)
+def loads_batch(raw: bytes) -> Any:
+    """Parse JSON. NaN and Infinity parse (as Python's json does) so that validation can
+    name the record and field that holds them, rather than failing the whole body."""
+    return json.loads(raw)
 
 
 def _check_string(value: str, limit: int, index: int | None, field: str) -> None:
@@ -290,7 +287,7 @@ def validate_record(record: Any, index: int, now: int | None = None) -> dict[str
 def decode_batch(body: bytes, now: int | None = None) -> Batch:
     """Parse and validate an already-decompressed batch body."""
     try:
-        envelope = loads_strict(body)
+        envelope = loads_batch(body)
     except (ValueError, UnicodeDecodeError) as exc:
         raise WireError(f"body is not valid JSON: {exc}") from exc
     if not isinstance(envelope, dict):
@@ -309,7 +306,7 @@ def decode_batch(body: bytes, now: int | None = None) -> Batch:
     if isinstance(seq, bool) or not isinstance(seq, int) or not 0 <= seq < 2**63:
         raise WireError("expected a non-negative integer", None, "seq")
     sent_at = envelope.get("sent_at", 0.0)
-    if isinstance(sent_at, bool) or not isinstance(sent_at, (int, float)):
+    if isinstance(sent_at, bool) or not isinstance(sent_at, (int, float)) or not math.isfinite(sent_at):
         raise WireError("expected a number", None, "sent_at")
     cluster = envelope.get("cluster", "default")
     if not isinstance(cluster, str) or not cluster:

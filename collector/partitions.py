@@ -8,9 +8,9 @@ import logging
 import threading
 from collections.abc import Iterable
 
-import psycopg
 from psycopg import sql
 
+from collector.db import Connection
 from collector.schema import PARTITIONED_TABLES
 
 log = logging.getLogger("jobsight.collector")
@@ -31,24 +31,24 @@ class PartitionKeeper:
         self._known: set[tuple[str, dt.date]] = set()
         self._lock = threading.Lock()
 
-    def load(self, conn: psycopg.Connection[object]) -> None:
+    def load(self, conn: Connection) -> None:
         rows = conn.execute(
-            """SELECT parent.relname, child.relname FROM pg_inherits
+            """SELECT parent.relname AS parent, child.relname AS child FROM pg_inherits
                JOIN pg_class parent ON parent.oid = pg_inherits.inhparent
                JOIN pg_class child ON child.oid = pg_inherits.inhrelid
                WHERE parent.relname = ANY(%s)""",
             (list(PARTITIONED_TABLES),),
         ).fetchall()
         with self._lock:
-            for parent, child in rows:
-                day = dt.datetime.strptime(str(child)[-8:], "%Y%m%d").date()
-                self._known.add((str(parent), day))
+            for row in rows:
+                day = dt.datetime.strptime(row["child"][-8:], "%Y%m%d").date()
+                self._known.add((row["parent"], day))
 
     def missing(self, table: str, days: Iterable[dt.date]) -> list[dt.date]:
         with self._lock:
             return sorted({d for d in days if (table, d) not in self._known})
 
-    def ensure(self, conn: psycopg.Connection[object], table: str, days: Iterable[dt.date]) -> None:
+    def ensure(self, conn: Connection, table: str, days: Iterable[dt.date]) -> None:
         """Create the partitions of ``table`` for ``days``; ``conn`` must be in autocommit."""
         wanted = self.missing(table, days)
         if not wanted:
@@ -69,13 +69,13 @@ class PartitionKeeper:
         with self._lock:
             self._known.update((table, day) for day in wanted)
 
-    def ensure_ahead(self, conn: psycopg.Connection[object], days_ahead: int, today: dt.date | None = None) -> None:
+    def ensure_ahead(self, conn: Connection, days_ahead: int, today: dt.date | None = None) -> None:
         today = today or dt.datetime.now(dt.timezone.utc).date()
         days = [today + dt.timedelta(days=n) for n in range(-1, days_ahead + 1)]
         for table in PARTITIONED_TABLES:
             self.ensure(conn, table, days)
 
-    def drop_older_than(self, conn: psycopg.Connection[object], retention_days: int, today: dt.date | None = None) -> list[str]:
+    def drop_older_than(self, conn: Connection, retention_days: int, today: dt.date | None = None) -> list[str]:
         """Drop whole partitions older than the retention window; returns their names."""
         if retention_days <= 0:
             return []
