@@ -70,4 +70,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":  # `python -m agent.cli`, used by `jobsight up`
-    sys.exit(main())
+    # Re-enter through the importable module so its exception classes are the ones
+    # the subcommand modules import (not copies living in __main__).
+    from agent.cli import main as _main
+
+    sys.exit(_main())

@@ -123,22 +123,23 @@ class _Stack:
             database.stop()  # type: ignore[attr-defined]
 
 
-def _wait_ready(url: str, child: subprocess.Popen[bytes], timeout: float = 60) -> None:
+def _wait_ready(label: str, url: str, child: subprocess.Popen[bytes], timeout: float = 60) -> None:
+    """Wait until ``url`` answers 200, so the URLs we print work when the user clicks them."""
     import urllib.error
     import urllib.request
 
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if child.poll() is not None:
-            raise CliError(f"the collector exited with code {child.returncode} during start-up", code=1)
+            raise CliError(f"the {label} exited with code {child.returncode} during start-up", code=1)
         try:
-            with urllib.request.urlopen(f"{url}/readyz", timeout=2) as response:
+            with urllib.request.urlopen(url, timeout=2) as response:
                 if response.status == 200:
                     return
         except (urllib.error.URLError, OSError):
             pass
         time.sleep(0.3)
-    raise CliError(f"the collector at {url} was not ready after {timeout:.0f} s", code=1)
+    raise CliError(f"the {label} at {url} was not ready after {timeout:.0f} s", code=1)
 
 
 def run_up(settings: CollectorSettings, args: argparse.Namespace) -> int:
@@ -170,7 +171,7 @@ def run_up(settings: CollectorSettings, args: argparse.Namespace) -> int:
         env = {**os.environ, "JOBSIGHT_DATABASE_URL": database_url, "JOBSIGHT_DATA_DIR": str(settings.data_dir)}
         collector_url = f"http://{settings.host}:{settings.port}"
         stack.spawn("collector", [sys.executable, "-m", "agent.cli", "collector"], env)
-        _wait_ready(collector_url, stack.children[-1][1])
+        _wait_ready("collector", f"{collector_url}/readyz", stack.children[-1][1])
         dashboard_url = f"http://{settings.host}:{settings.dashboard_port}"
         if not args.no_dashboard:
             stack.spawn("dashboard", [
@@ -178,6 +179,7 @@ def run_up(settings: CollectorSettings, args: argparse.Namespace) -> int:
                 "--server.address", settings.host, "--server.port", str(settings.dashboard_port),
                 "--server.headless", "true", "--browser.gatherUsageStats", "false",
             ], env)
+            _wait_ready("dashboard", f"{dashboard_url}/_stcore/health", stack.children[-1][1])
         if args.demo:
             stack.spawn("demo", [sys.executable, "-m", "agent.demo"], {**env, "JOBSIGHT_URL": collector_url})
         print(f"jobsight is up\n  collector: {collector_url}  (API docs: {collector_url}/docs)")

@@ -1,0 +1,115 @@
+"""The read API on known data: filters, pagination, SQL downsampling point counts."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+import psycopg
+
+from agent.wire import now_us
+from tests.collector.helpers import gz, post
+
+HOUR_US = 3600 * 1_000_000
+
+
+def _started(job: str, ts: int, user: str, partition: str, **extra: Any) -> dict[str, Any]:
+    return {"kind": "job_started", "job": job, "ts": ts, "node": "n1", "user": user, "partition": partition, **extra}
+
+
+def test_job_list_filters_and_pagination(client: Any, db: psycopg.Connection[Any], job_id: str) -> None:
+    base = now_us() - 10 * HOUR_US
+    jobs = {
+        f"{job_id}-a": ("alice", "gpu", base),
+        f"{job_id}-b": ("alice", "debug", base + HOUR_US),
+        f"{job_id}-c": ("bob", "gpu", base + 2 * HOUR_US),
+    }
+    records = [_started(job, ts, user, part) for job, (user, part, ts) in jobs.items()]
+    records.append({"kind": "job_ended", "job": f"{job_id}-a", "ts": base + HOUR_US // 2, "exit_code": 1})
+    assert post(client, gz(records)).status_code == 200
+
+    def ids(**params: Any) -> list[str]:
+        response = client.get("/v1/jobs", params={"limit": 1000, **params})
+        assert response.status_code == 200, response.text
+        return [j["job_id"] for j in response.json()["jobs"] if j["job_id"].startswith(job_id)]
+
+    # Running jobs first, then newest first.
+    assert ids() == [f"{job_id}-c", f"{job_id}-b", f"{job_id}-a"]
+    assert ids(user="alice") == [f"{job_id}-b", f"{job_id}-a"]
+    assert ids(state="failed") == [f"{job_id}-a"]
+    assert ids(partition="gpu", user="bob") == [f"{job_id}-c"]
+    since = dt.datetime.fromtimestamp((base + HOUR_US) / 1e6, dt.timezone.utc).isoformat()
+    assert ids(since=since) == [f"{job_id}-c", f"{job_id}-b"]
+    until = dt.datetime.fromtimestamp((base + HOUR_US // 4) / 1e6, dt.timezone.utc).isoformat()
+    assert ids(until=until) == [f"{job_id}-a"]
+
+    page = client.get("/v1/jobs", params={"user": "alice", "limit": 1}).json()
+    assert page["total"] >= 2 and page["next_offset"] == 1 and len(page["jobs"]) == 1
+    assert client.get(f"/v1/jobs/{job_id}-a").json()["state"] == "failed"
+    assert client.get(f"/v1/jobs/{job_id}-zzz").status_code == 404
+
+
+def test_gpu_downsampling_returns_at_most_the_points_asked(client: Any, job_id: str) -> None:
+    start = now_us() - 2 * HOUR_US
+    # 2 GPUs x 3600 samples at 1 Hz over one hour; utilisation = minute of the hour.
+    records = [
+        {"kind": "gpu_sample", "job": job_id, "ts": start + s * 1_000_000, "node": "n1", "gpu_index": g,
+         "gpu_uuid": f"GPU-{g}", "util_gpu": float(s // 60), "mem_used": s}
+        for g in range(2) for s in range(3600)
+    ]
+    for chunk in range(0, len(records), 5000):
+        assert post(client, gz(records[chunk:chunk + 5000])).status_code == 200
+
+    for points in (1, 7, 60, 100, 3600, 5000):
+        series = client.get(f"/v1/jobs/{job_id}/gpu", params={"points": points}).json()["series"]
+        per_gpu = {g: [r for r in series if r["gpu_index"] == g] for g in range(2)}
+        expected = min(points, 3600)
+        assert [len(rows) for rows in per_gpu.values()] == [expected, expected], points
+        assert sum(r["samples"] for r in per_gpu[0]) == 3600
+
+    minutes = client.get(f"/v1/jobs/{job_id}/gpu", params={"points": 60}).json()["series"]
+    gpu0 = [r for r in minutes if r["gpu_index"] == 0]
+    # 60 buckets of just over a minute each: the means rise from 0 towards 59.
+    assert gpu0[0]["util_gpu"] == 0.0 and 58.0 <= gpu0[-1]["util_gpu"] <= 59.0
+    assert max(r["mem_used"] for r in gpu0) == 3599
+
+    window_start = dt.datetime.fromtimestamp(start / 1e6, dt.timezone.utc)
+    window = {"start": window_start.isoformat(), "end": (window_start + dt.timedelta(minutes=10)).isoformat()}
+    ten = client.get(f"/v1/jobs/{job_id}/gpu", params={**window, "points": 10}).json()["series"]
+    gpu0 = [r for r in ten if r["gpu_index"] == 0]
+    assert len(gpu0) == 10 and sum(r["samples"] for r in gpu0) == 601
+
+
+def test_metrics_and_logs_filters(client: Any, job_id: str) -> None:
+    start = now_us() - HOUR_US
+    records: list[dict[str, Any]] = []
+    for step in range(1000):
+        for rank in range(2):
+            records.append({"kind": "metric", "job": job_id, "ts": start + step * 1000, "rank": rank,
+                            "step": step, "name": "loss", "value": 1.0 / (step + 1)})
+    records += [
+        {"kind": "log", "job": job_id, "ts": start + 1, "rank": 0, "pid": 10, "tid": 11, "level": "INFO",
+         "message": "epoch 1 done"},
+        {"kind": "log", "job": job_id, "ts": start + 2, "rank": 1, "pid": 20, "tid": 21, "level": "WARNING",
+         "message": "slow dataloader 100%"},
+        {"kind": "log", "job": job_id, "ts": start + 3, "rank": 1, "pid": 20, "tid": 22, "level": "ERROR",
+         "message": "CUDA out of memory", "exception": "RuntimeError: CUDA out of memory"},
+    ]
+    assert post(client, gz(records)).status_code == 200
+
+    series = client.get(f"/v1/jobs/{job_id}/metrics", params={"name": "loss", "rank": 1, "points": 50}).json()["series"]
+    assert len(series) == 50 and {r["rank"] for r in series} == {1}
+    assert series[0]["max"] == 1.0 and series[-1]["step"] == 999
+
+    def messages(**params: Any) -> list[str]:
+        return [r["message"] for r in client.get(f"/v1/jobs/{job_id}/logs", params=params).json()["logs"]]
+
+    assert messages() == ["CUDA out of memory", "slow dataloader 100%", "epoch 1 done"]
+    assert messages(rank=1) == ["CUDA out of memory", "slow dataloader 100%"]
+    assert messages(pid=10) == ["epoch 1 done"]
+    assert messages(tid=22) == ["CUDA out of memory"]
+    assert messages(level="WARNING") == ["CUDA out of memory", "slow dataloader 100%"]
+    assert messages(text="out of MEMORY") == ["CUDA out of memory"]
+    # LIKE wildcards in the search text are matched literally.
+    assert messages(text="100%") == ["slow dataloader 100%"]
+    assert messages(text="%") == ["slow dataloader 100%"]

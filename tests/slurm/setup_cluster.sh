@@ -1,0 +1,218 @@
+#!/usr/bin/env bash
+# Bring up a single-node Slurm test cluster with four fake GPUs and jobsight's hooks.
+#
+#   sudo bash tests/slurm/setup_cluster.sh      # idempotent; re-run at will
+#   sudo bash tests/slurm/teardown_cluster.sh   # stop the daemons
+#
+# Installs slurmctld, slurmd, slurm-client and munge from apt if missing, creates
+# the munge key and /dev/nvidia0..3 (char 195:N), writes /etc/slurm/{slurm,gres}.conf
+# from tests/slurm/*.in, writes /etc/jobsight/hooks.env (unless an admin's file is
+# there), starts munged, slurmctld and slurmd, and waits for the node to be idle.
+#
+# Environment:
+#   JOBSIGHT_BIN        jobsight executable the hooks call
+#                       (default: <repo>/.venv/bin/jobsight, else /usr/local/bin/jobsight)
+#   JOBSIGHT_URL, JOBSIGHT_CONFIG, JOBSIGHT_HOOK_TIMEOUT
+#                       copied into hooks.env when set
+#   SLURM_WAIT_S        how long to wait for the node to become idle (default 60)
+set -euo pipefail
+
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+repo="$(cd "$here/../.." && pwd)"
+slurm_dir="$repo/slurm"
+host="$(hostname -s)"
+wait_s="${SLURM_WAIT_S:-60}"
+marker="# written by jobsight tests/slurm/setup_cluster.sh"
+
+die() { echo "setup_cluster: ERROR: $*" >&2; exit 1; }
+say() { echo "setup_cluster: $*"; }
+
+[ "$(id -u)" -eq 0 ] || die "must run as root (installs packages, mknod, starts daemons)"
+for hook in prolog epilog task_prolog; do
+    [ -x "$slurm_dir/$hook" ] || die "$slurm_dir/$hook missing or not executable"
+done
+
+# slurmd runs the hooks as root and the task prolog as the job user: every directory
+# above the wrappers must be traversable by others.
+d="$slurm_dir"
+while [ "$d" != / ]; do
+    [ "$(( 0$(stat -c %a "$d") & 01 ))" -ne 0 ] || die "$d is not traversable by others (chmod o+x); the task prolog runs as the job user"
+    d="$(dirname "$d")"
+done
+
+# --- packages ---------------------------------------------------------------------
+pkgs=(slurmctld slurmd slurm-client munge)
+missing=()
+for p in "${pkgs[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ "${#missing[@]}" -gt 0 ]; then
+    say "installing ${missing[*]}"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get install -y -q --no-install-recommends "${missing[@]}" >/tmp/jobsight-slurm-apt.log 2>&1 \
+        || { apt-get update -q >>/tmp/jobsight-slurm-apt.log 2>&1 \
+             && apt-get install -y -q --no-install-recommends "${missing[@]}" >>/tmp/jobsight-slurm-apt.log 2>&1; } \
+        || die "apt-get install ${missing[*]} failed; see /tmp/jobsight-slurm-apt.log"
+fi
+for b in /usr/sbin/slurmctld /usr/sbin/slurmd /usr/sbin/munged /usr/bin/sinfo; do
+    [ -x "$b" ] || die "$b not found after install"
+done
+
+# --- munge key --------------------------------------------------------------------
+install -d -o munge -g munge -m 0700 /etc/munge /var/lib/munge /var/log/munge
+install -d -o munge -g munge -m 0755 /run/munge
+if [ ! -s /etc/munge/munge.key ]; then
+    say "creating /etc/munge/munge.key"
+    if [ -x /usr/sbin/mungekey ]; then
+        /usr/sbin/mungekey --create --keyfile=/etc/munge/munge.key --force
+    else
+        dd if=/dev/urandom of=/etc/munge/munge.key bs=1024 count=1 status=none
+    fi
+fi
+chown munge:munge /etc/munge/munge.key
+chmod 0400 /etc/munge/munge.key
+
+# --- fake GPUs --------------------------------------------------------------------
+for n in 0 1 2 3; do
+    dev="/dev/nvidia$n"
+    if [ ! -e "$dev" ]; then
+        mknod -m 0666 "$dev" c 195 "$n" || die "mknod $dev failed (container without CAP_MKNOD?)"
+    fi
+    [ -c "$dev" ] || die "$dev exists but is not a character device"
+done
+
+# --- configuration ----------------------------------------------------------------
+install -d -m 0755 /etc/slurm /var/log/slurm /var/spool/slurmctld /var/spool/slurmd /etc/jobsight
+# At least 4 CPUs so four 1-GPU jobs fit at once on a 2-core CI runner
+# (slurm.conf has SlurmdParameters=config_overrides; nothing is pinned with task/none).
+cpus="$(nproc)"
+[ "$cpus" -ge 4 ] || cpus=4
+changed=0
+render() {  # render TEMPLATE DEST MODE: write only when the content differs
+    local tmp
+    tmp="$(mktemp)"
+    sed -e "s|@HOST@|$host|g" -e "s|@SLURM_DIR@|$slurm_dir|g" -e "s|@CPUS@|$cpus|g" "$1" >"$tmp"
+    if ! cmp -s "$tmp" "$2"; then
+        install -m "$3" "$tmp" "$2"
+        changed=1
+        say "wrote $2"
+    fi
+    rm -f "$tmp"
+}
+render "$here/slurm.conf.in" /etc/slurm/slurm.conf 0644
+render "$here/gres.conf.in" /etc/slurm/gres.conf 0644
+
+hooks_env=/etc/jobsight/hooks.env
+# JOBSIGHT_BIN: the caller's, else this checkout's venv, else what an earlier run wrote.
+if [ -z "${JOBSIGHT_BIN:-}" ] && [ -x "$repo/.venv/bin/jobsight" ]; then
+    JOBSIGHT_BIN="$repo/.venv/bin/jobsight"
+fi
+if [ -z "${JOBSIGHT_BIN:-}" ] && [ -f "$hooks_env" ] && grep -qxF "$marker" "$hooks_env"; then
+    JOBSIGHT_BIN="$(sed -n 's/^JOBSIGHT_BIN=//p' "$hooks_env" | tail -n1)"
+fi
+JOBSIGHT_BIN="${JOBSIGHT_BIN:-/usr/local/bin/jobsight}"
+if [ ! -e "$hooks_env" ] || grep -qxF "$marker" "$hooks_env"; then
+    tmp="$(mktemp)"
+    {
+        echo "$marker"
+        echo "JOBSIGHT_BIN=$JOBSIGHT_BIN"
+        for v in JOBSIGHT_URL JOBSIGHT_CONFIG JOBSIGHT_HOOK_TIMEOUT; do
+            [ -z "${!v:-}" ] || echo "$v=${!v}"
+        done
+    } >"$tmp"
+    cmp -s "$tmp" "$hooks_env" || { install -o root -g root -m 0644 "$tmp" "$hooks_env"; say "wrote $hooks_env (JOBSIGHT_BIN=$JOBSIGHT_BIN)"; }
+    rm -f "$tmp"
+else
+    say "keeping $hooks_env (not written by this script)"
+fi
+[ -x "$JOBSIGHT_BIN" ] || say "warning: $JOBSIGHT_BIN is not executable yet; the hooks will skip jobsight and jobs still run"
+
+slurmd_started=0  # epoch seconds when this run (re)started slurmd
+# --- daemons ----------------------------------------------------------------------
+alive() {  # alive PIDFILE NAME: the pid file names a running process called NAME
+    local pid
+    [ -s "$1" ] || return 1
+    pid="$(cat "$1")"
+    [ -n "$pid" ] && [ "$(cat "/proc/$pid/comm" 2>/dev/null)" = "$2" ]
+}
+stop() {  # stop PIDFILE NAME
+    local pid
+    alive "$1" "$2" || return 0
+    pid="$(cat "$1")"
+    kill "$pid"
+    for _ in $(seq 50); do
+        [ -d "/proc/$pid" ] || return 0
+        sleep 0.2
+    done
+    kill -9 "$pid" 2>/dev/null || true
+}
+
+if [ -d /run/systemd/system ]; then
+    # A booted systemd host (e.g. a CI VM): the Debian units own the daemons.
+    # (Untested in the container this was written in; see NOTES.md.)
+    systemctl enable --now munge >/dev/null
+    if [ "$changed" -eq 1 ] || ! systemctl is-active -q slurmd; then
+        slurmd_started="$(date +%s)"
+    fi
+    if [ "$changed" -eq 1 ]; then systemctl restart slurmctld slurmd
+    else systemctl start slurmctld slurmd; fi
+else
+    if ! alive /run/munge/munged.pid munged; then
+        say "starting munged"
+        runuser -u munge -- /usr/sbin/munged || die "munged failed to start; see /var/log/munge/munged.log"
+    fi
+    for _ in $(seq 25); do
+        munge -n </dev/null | unmunge >/dev/null 2>&1 && break
+        sleep 0.2
+    done
+    munge -n </dev/null | unmunge >/dev/null 2>&1 || die "munge round trip failed; see /var/log/munge/munged.log"
+
+    if [ "$changed" -eq 1 ]; then
+        stop /run/slurmd.pid slurmd
+        stop /run/slurmctld.pid slurmctld
+    fi
+    if ! alive /run/slurmctld.pid slurmctld; then
+        say "starting slurmctld"
+        /usr/sbin/slurmctld || die "slurmctld failed to start; see /var/log/slurm/slurmctld.log"
+    fi
+    if ! alive /run/slurmd.pid slurmd; then
+        say "starting slurmd"
+        slurmd_started="$(date +%s)"
+        /usr/sbin/slurmd || die "slurmd failed to start; see /var/log/slurm/slurmd.log"
+    fi
+fi
+
+# --- wait for the node ------------------------------------------------------------
+# slurmctld restores the node's last state from /var/spool/slurmctld, so "idle" alone
+# can predate the new slurmd; also wait until slurmd has registered since we started it.
+registered() {
+    local t
+    [ "$slurmd_started" -eq 0 ] && return 0
+    t="$(scontrol show node "$host" 2>/dev/null | sed -n 's/.*SlurmdStartTime=\([^ ]*\).*/\1/p')"
+    [ -n "$t" ] && [ "$t" != None ] && [ "$(date -d "$t" +%s 2>/dev/null || echo 0)" -ge $((slurmd_started - 1)) ]
+}
+state=""
+resumed=0
+for _ in $(seq $((wait_s * 2))); do
+    state="$(sinfo -h -n "$host" -o %T 2>/dev/null | head -n1 || true)"
+    case "$state" in
+        idle|mixed|allocated) registered && break ;;
+        down*|drain*)
+            # A node left down/drained by an earlier run (e.g. a killed prolog) comes back.
+            if [ "$resumed" -eq 0 ]; then
+                scontrol update NodeName="$host" State=RESUME >/dev/null 2>&1 || true
+                resumed=1
+            fi ;;
+    esac
+    sleep 0.5
+done
+case "$state" in
+    idle|mixed|allocated) registered || { state="$state, slurmd not registered"; false; } ;;
+    *) false ;;
+esac || {
+    echo "--- sinfo -R" >&2; sinfo -R >&2 || true
+    echo "--- slurmctld.log (tail)" >&2; tail -n 20 /var/log/slurm/slurmctld.log >&2 2>/dev/null || true
+    echo "--- slurmd.log (tail)" >&2; tail -n 20 /var/log/slurm/slurmd.log >&2 2>/dev/null || true
+    die "node $host not ready after ${wait_s}s (state: ${state:-unknown})"
+}
+say "node $host is $state; $(sinfo -h -n "$host" -o '%G' 2>/dev/null) ready (hooks in $slurm_dir)"
