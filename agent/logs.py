@@ -25,9 +25,11 @@ from agent.settings import AgentSettings, load_agent_settings
 from agent.shipper import Shipper, get_shipper
 
 # Attributes every LogRecord has; anything else in __dict__ came from ``extra=``.
-_STANDARD_ATTRS = frozenset(
-    vars(logging.LogRecord("", logging.INFO, "", 0, "", None, None)).keys()
-) | {"message", "asctime", "taskName"}
+_STANDARD_ATTRS = frozenset(vars(logging.LogRecord("", logging.INFO, "", 0, "", None, None)).keys()) | {
+    "message",
+    "asctime",
+    "taskName",
+}
 _MAX_ATTR_REPR = 1024
 
 

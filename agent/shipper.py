@@ -145,7 +145,9 @@ class Shipper:
                 if self._closed:
                     self._stats.dropped_records += 1
                     return
-                if len(self._queue) >= self.settings.queue_max:
+                if not isinstance(record, dict):
+                    wake = self._note_drop_locked(None, "not a record", 1)
+                elif len(self._queue) >= self.settings.queue_max:
                     wake = self._note_drop_locked(record.get("job"), "queue full", 1)
                 else:
                     self._queue.append(record)

@@ -135,7 +135,12 @@ def prepare(batch: Batch) -> PreparedBatch:
 
 
 _TABLES = {t.name: t for t in (gpu_samples, host_samples, log_events, metrics, steps)}
-_TYPES = {name: _copy_types(table) for name, table in _TABLES.items()}
+COPY_TYPES = {name: _copy_types(table) for name, table in _TABLES.items()}
+
+
+def copy_sql(table_name: str) -> str:
+    columns = ", ".join(f'"{c.name}"' for c in _TABLES[table_name].columns)
+    return f"COPY {table_name} ({columns}) FROM STDIN WITH (FORMAT BINARY)"
 
 
 def ensure_partitions(conn: Connection, keeper: PartitionKeeper, prepared: PreparedBatch) -> None:
@@ -157,11 +162,9 @@ def store(conn: Connection, batch: Batch, prepared: PreparedBatch) -> bool:
     for record in prepared.job_started:
         _job_started(conn, batch.cluster, record)
     for table_name, rows in prepared.rows.items():
-        table = _TABLES[table_name]
-        columns = ", ".join(f'"{c.name}"' for c in table.columns)
         with conn.cursor() as cur:
-            with cur.copy(f"COPY {table_name} ({columns}) FROM STDIN WITH (FORMAT BINARY)") as copy:
-                copy.set_types(_TYPES[table_name])
+            with cur.copy(copy_sql(table_name)) as copy:
+                copy.set_types(COPY_TYPES[table_name])
                 for row in rows:
                     copy.write_row(row)
     for record in prepared.profiles:
