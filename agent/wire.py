@@ -260,6 +260,27 @@ def _check_field(value: Any, spec: str, index: int, field: str) -> None:
         _check_json_value(value, index, field)
 
 
+_FIELD_SPECS: Final = {
+    kind: tuple((name, spec.rstrip("?"), spec.endswith("?")) for name, spec in (*_COMMON.items(), *fields.items()))
+    for kind, fields in FIELDS.items()
+}
+_ALLOWED: Final = {kind: frozenset(fields) | frozenset(_COMMON) for kind, fields in FIELDS.items()}
+
+
+def _fast_ok(value: Any, kind: str) -> bool:
+    """The common cases, checked without the general path's overhead."""
+    value_type = type(value)
+    if kind == "float":
+        return (value_type is float and math.isfinite(value)) or (value_type is int and -(2**63) <= value < 2**63)
+    if kind == "int":
+        return value_type is int and -(2**63) <= value < 2**63
+    if kind == "str":
+        return value_type is str and len(value) <= MAX_STRING and "\x00" not in value
+    if kind == "bool":
+        return value_type is bool
+    return False
+
+
 def validate_record(record: Any, index: int, now: int | None = None) -> dict[str, Any]:
     """Check one record against its kind's fields; returns it unchanged."""
     if not isinstance(record, dict):
@@ -267,15 +288,17 @@ def validate_record(record: Any, index: int, now: int | None = None) -> dict[str
     kind = record.get("kind")
     if kind not in FIELDS:
         raise WireError(f"unknown kind {kind!r}", index, "kind")
-    fields = FIELDS[kind]
-    for name in record:
-        if name not in fields and name not in _COMMON:
-            raise WireError(f"unknown field for kind {kind}", index, name)
-    for name, spec in (*_COMMON.items(), *fields.items()):
+    if not record.keys() <= _ALLOWED[kind]:
+        unknown = sorted(set(record) - _ALLOWED[kind])[0]
+        raise WireError(f"unknown field for kind {kind}", index, unknown)
+    for name, field_kind, optional in _FIELD_SPECS[kind]:
         value = record.get(name)
-        if value is None and not spec.endswith("?"):
-            raise WireError("required field is missing", index, name)
-        _check_field(value, spec, index, name)
+        if value is None:
+            if not optional:
+                raise WireError("required field is missing", index, name)
+            continue
+        if not _fast_ok(value, field_kind):
+            _check_field(value, field_kind, index, name)
     if not record["job"]:
         raise WireError("empty job id", index, "job")
     now = now if now is not None else now_us()

@@ -36,6 +36,12 @@ _PG_TYPES = {
     "JSONB": "jsonb",
 }
 
+_PLAIN_COLUMNS = {
+    table.name: [c.name for c in table.columns][3:] for table in (gpu_samples, host_samples, log_events, metrics, steps)
+}
+# attrs is the last column of log_events and the only JSON one among the series tables.
+assert [c.name for c in log_events.columns][-1] == "attrs"
+
 _SERIES_TABLES = {
     "gpu_sample": gpu_samples,
     "host_sample": host_samples,
@@ -69,20 +75,12 @@ class PreparedBatch:
 
 
 def _row(table: Any, cluster: str, record: dict[str, Any], ts: dt.datetime) -> tuple[Any, ...]:
-    values = []
-    for column in table.columns:
-        name = column.name
-        if name == "cluster":
-            values.append(cluster)
-        elif name == "job_id":
-            values.append(record["job"])
-        elif name == "ts":
-            values.append(ts)
-        elif name == "attrs":
-            attrs = record.get("attrs")
-            values.append(Jsonb(attrs) if attrs is not None else None)
-        else:
-            values.append(record.get(name))
+    """Values in the table's column order. Series tables start with cluster, job_id, ts."""
+    get = record.get
+    values = [cluster, record["job"], ts, *[get(name) for name in _PLAIN_COLUMNS[table.name]]]
+    if table.name == "log_events":
+        attrs = values[-1]
+        values[-1] = Jsonb(attrs) if attrs is not None else None
     return tuple(values)
 
 
