@@ -12,12 +12,14 @@ import argparse
 import importlib
 import sys
 from collections.abc import Callable, Sequence
+from typing import Any
 
 # subcommand -> (module that adds its arguments and runs it, one-line help)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "up": ("collector.cli", "start embedded PostgreSQL, the collector and the dashboard"),
     "collector": ("collector.cli", "run the collector against JOBSIGHT_DATABASE_URL"),
     "migrate": ("collector.cli", "apply database migrations"),
+    "agent": ("agent.daemon", "run the node daemon: sample GPUs and ship them to the collector"),
 }
 
 
@@ -29,7 +31,7 @@ class CliError(Exception):
         self.code = code
 
 
-def _module(name: str) -> object:
+def _module(name: str) -> Any:
     module_name, _ = SUBCOMMANDS[name]
     try:
         return importlib.import_module(module_name)
@@ -56,8 +58,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     name = argv[0]
     try:
         module = _module(name)
-        configure: Callable[[str, argparse.ArgumentParser], None] = getattr(module, "configure_parser")
-        run: Callable[[str, argparse.Namespace], int] = getattr(module, "run")
+        configure: Callable[[str, argparse.ArgumentParser], None] = module.configure_parser
+        run: Callable[[str, argparse.Namespace], int] = module.run
         command_parser = argparse.ArgumentParser(prog=f"jobsight {name}", description=SUBCOMMANDS[name][1])
         configure(name, command_parser)
         args = command_parser.parse_args(argv[1:])

@@ -9,6 +9,7 @@ partitions (``<table>_pYYYYMMDD``) are made by :mod:`collector.partitions`.
 from __future__ import annotations
 
 import re
+from typing import Any
 
 from sqlalchemy import (
     BigInteger,
@@ -40,10 +41,10 @@ metadata = MetaData(
 )
 
 TS = DateTime(timezone=True)
-PARTITIONED = {"postgresql_partition_by": "RANGE (ts)"}
+PARTITION_BY = "RANGE (ts)"
 
 
-def _series_keys() -> list[Column[object]]:
+def _series_keys() -> list[Column[Any]]:
     """Columns every time-series row carries: where it belongs and when."""
     return [
         Column("cluster", Text, nullable=False),
@@ -107,7 +108,7 @@ gpu_samples = Table(
     Column("tensor_active", Float),
     Column("lost", Boolean),
     Index(None, "job_id", "ts"),
-    **PARTITIONED,
+    postgresql_partition_by=PARTITION_BY,
 )
 
 host_samples = Table(
@@ -119,7 +120,7 @@ host_samples = Table(
     Column("mem_used", BigInteger),
     Column("mem_limit", BigInteger),
     Index(None, "job_id", "ts"),
-    **PARTITIONED,
+    postgresql_partition_by=PARTITION_BY,
 )
 
 log_events = Table(
@@ -136,7 +137,7 @@ log_events = Table(
     Column("exception", Text),
     Column("attrs", JSONB),
     Index(None, "job_id", "ts"),
-    **PARTITIONED,
+    postgresql_partition_by=PARTITION_BY,
 )
 
 metrics = Table(
@@ -149,7 +150,7 @@ metrics = Table(
     Column("name", Text, nullable=False),
     Column("value", Double, nullable=False),
     Index(None, "job_id", "name", "ts"),
-    **PARTITIONED,
+    postgresql_partition_by=PARTITION_BY,
 )
 
 steps = Table(
@@ -166,7 +167,7 @@ steps = Table(
     Column("compute_s", Double),
     Column("samples", Integer),
     Index(None, "job_id", "ts"),
-    **PARTITIONED,
+    postgresql_partition_by=PARTITION_BY,
 )
 
 profiles = Table(

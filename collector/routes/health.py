@@ -34,10 +34,14 @@ async def readyz(pool: Pool) -> JSONResponse:
     try:
         current = await run_in_threadpool(_current_revision, pool)
     except DatabaseUnavailable as exc:
-        return JSONResponse(status_code=503, content={"status": "database unavailable", "error": str(exc)}, headers={"Retry-After": "5"})
+        return JSONResponse(
+            status_code=503, content={"status": "database unavailable", "error": str(exc)}, headers={"Retry-After": "5"}
+        )
     head = head_revision()
     if current != head:
-        return JSONResponse(status_code=503, content={"status": "schema out of date", "database": current, "expected": head})
+        return JSONResponse(
+            status_code=503, content={"status": "schema out of date", "database": current, "expected": head}
+        )
     return JSONResponse(content={"status": "ready", "schema": current})
 
 

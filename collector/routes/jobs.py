@@ -61,7 +61,9 @@ def _job_or_404(conn: Any, cluster: str, job_id: str) -> dict[str, Any]:
 
 
 @router.get("/{job_id}")
-def get_job(job_id: str, pool: Pool, settings: Settings, principal: CurrentPrincipal, auth: Auth, cluster: Cluster = None) -> dict[str, Any]:
+def get_job(
+    job_id: str, pool: Pool, settings: Settings, principal: CurrentPrincipal, auth: Auth, cluster: Cluster = None
+) -> dict[str, Any]:
     auth.authorize_read(principal, job_id)
     with unit_of_work(pool) as conn:
         return _job_or_404(conn, cluster or settings.cluster, job_id)
@@ -153,7 +155,17 @@ def get_logs(
     with unit_of_work(pool) as conn:
         _job_or_404(conn, cluster, job_id)
         rows = queries.log_events(
-            conn, cluster, job_id, rank=rank, pid=pid, tid=tid, level=level, text=text,
-            start=start, end=end, limit=limit, offset=offset,
+            conn,
+            cluster,
+            job_id,
+            rank=rank,
+            pid=pid,
+            tid=tid,
+            level=level,
+            text=text,
+            start=start,
+            end=end,
+            limit=limit,
+            offset=offset,
         )
     return {"job_id": job_id, "logs": rows}

@@ -38,9 +38,9 @@ def test_job_list_filters_and_pagination(client: Any, db: psycopg.Connection[Any
     assert ids(user="alice") == [f"{job_id}-b", f"{job_id}-a"]
     assert ids(state="failed") == [f"{job_id}-a"]
     assert ids(partition="gpu", user="bob") == [f"{job_id}-c"]
-    since = dt.datetime.fromtimestamp((base + HOUR_US) / 1e6, dt.timezone.utc).isoformat()
+    since = dt.datetime.fromtimestamp((base + HOUR_US) / 1e6, dt.UTC).isoformat()
     assert ids(since=since) == [f"{job_id}-c", f"{job_id}-b"]
-    until = dt.datetime.fromtimestamp((base + HOUR_US // 4) / 1e6, dt.timezone.utc).isoformat()
+    until = dt.datetime.fromtimestamp((base + HOUR_US // 4) / 1e6, dt.UTC).isoformat()
     assert ids(until=until) == [f"{job_id}-a"]
 
     page = client.get("/v1/jobs", params={"user": "alice", "limit": 1}).json()
@@ -73,7 +73,7 @@ def test_gpu_downsampling_returns_at_most_the_points_asked(client: Any, job_id: 
     assert gpu0[0]["util_gpu"] == 0.0 and 58.0 <= gpu0[-1]["util_gpu"] <= 59.0
     assert max(r["mem_used"] for r in gpu0) == 3599
 
-    window_start = dt.datetime.fromtimestamp(start / 1e6, dt.timezone.utc)
+    window_start = dt.datetime.fromtimestamp(start / 1e6, dt.UTC)
     window = {"start": window_start.isoformat(), "end": (window_start + dt.timedelta(minutes=10)).isoformat()}
     ten = client.get(f"/v1/jobs/{job_id}/gpu", params={**window, "points": 10}).json()["series"]
     gpu0 = [r for r in ten if r["gpu_index"] == 0]
