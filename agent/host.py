@@ -1,0 +1,255 @@
+"""Per-job host CPU and memory, for ``host_sample`` records.
+
+The job's Slurm cgroup is read when there is one: cgroup v2
+(``<cgroup_root>/…/job_<id>/cpu.stat`` and ``memory.current``/``memory.max``) or
+v1 (``<cgroup_root>/cpuacct/…/job_<id>/cpuacct.usage`` and
+``<cgroup_root>/memory/…/job_<id>/memory.usage_in_bytes``/``memory.limit_in_bytes``).
+Without one (no ``proctrack/cgroup``, a container) the job's processes are summed
+from ``<proc_root>/<pid>/stat`` and ``status``: CPU time of the live processes
+and their resident memory (shared pages counted once per process, so an
+over-estimate), with no limit.
+
+All roots and the clock are parameters so tests point them at fixture trees
+(STYLE rule 8).
+"""
+
+from __future__ import annotations
+
+import glob
+import logging
+import os
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any, Final
+
+log = logging.getLogger("jobsight.agent.host")
+
+# cgroup v1 reports "no limit" as the largest page-aligned signed 64-bit value.
+_V1_NO_LIMIT: Final = 2**62
+# Where Slurm puts a job's cgroup, relative to the v2 root or a v1 controller
+# mount; the first that exists wins, the glob is the fallback for other layouts.
+_V2_PLACES: Final = ("system.slice/slurmstepd.scope/job_{job}", "slurm/job_{job}")
+_V1_PLACES: Final = ("slurm/uid_*/job_{job}", "slurm/job_{job}")
+_GLOB_DEPTH: Final = 4
+# A job without a cgroup is looked for again after this long, not every tick
+# (the search globs the cgroup tree); slurmstepd may create it after the prolog.
+_ABSENT_RETRY_S: Final = 30.0
+
+
+@dataclass(frozen=True)
+class HostReading:
+    """One job's host usage at one tick. ``None`` means it could not be measured."""
+
+    cpu_time_s: float | None
+    """CPU seconds the job has used (cgroup), or its live processes have (``/proc``)."""
+    cpu_util: float | None
+    """Percent of one CPU since the previous reading (200 = two cores busy); ``None``
+    on the first reading of a job or when the CPU time went backwards (a process ended)."""
+    mem_used: int | None
+    """Bytes: the cgroup's charge (page cache included), or the processes' resident sets."""
+    mem_limit: int | None
+    """Bytes; ``None`` when the job has no memory limit or it is not known."""
+    source: str
+    """``cgroup2``, ``cgroup1`` or ``proc``; not a wire field."""
+
+    def to_record(self) -> dict[str, Any]:
+        """The wire fields of a ``host_sample`` record; the caller adds kind, job, ts, node."""
+        return {
+            "cpu_util": self.cpu_util,
+            "cpu_time_s": self.cpu_time_s,
+            "mem_used": self.mem_used,
+            "mem_limit": self.mem_limit,
+        }
+
+
+def _read_text(path: str) -> str | None:
+    try:
+        with open(path, encoding="ascii", errors="replace") as handle:
+            return handle.read()
+    except OSError:
+        return None
+
+
+def _read_int(path: str) -> int | None:
+    text = _read_text(path)
+    if text is None:
+        return None
+    try:
+        return int(text.split()[0])
+    except (ValueError, IndexError):
+        return None
+
+
+class HostSampler:
+    """Reads per-job CPU and memory; keeps each job's previous CPU time for ``cpu_util``."""
+
+    def __init__(
+        self,
+        proc_root: str = "/proc",
+        cgroup_root: str = "/sys/fs/cgroup",
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.proc_root = proc_root
+        self.cgroup_root = cgroup_root
+        self._clock = clock
+        self._previous: dict[str, tuple[float, float]] = {}
+        self._paths: dict[str, tuple[str, list[str]]] = {}
+        try:
+            self._ticks_per_s = os.sysconf("SC_CLK_TCK")
+        except (OSError, ValueError):
+            self._ticks_per_s = 100
+        self._absent_until: dict[str, float] = {}
+
+    # -- cgroups -----------------------------------------------------------------
+
+    def _find(self, base: str, places: Iterable[str], job: str) -> str | None:
+        for place in places:
+            for path in sorted(glob.glob(os.path.join(base, place.format(job=glob.escape(job))))):
+                if os.path.isdir(path):
+                    return path
+        name = f"job_{glob.escape(job)}"
+        for depth in range(1, _GLOB_DEPTH + 1):
+            pattern = os.path.join(base, *(["*"] * (depth - 1)), name)
+            for path in sorted(glob.glob(pattern)):
+                if os.path.isdir(path):
+                    return path
+        return None
+
+    def find_cgroup(self, job: str) -> tuple[str, list[str]] | None:
+        """``("cgroup2", [dir])`` or ``("cgroup1", [cpuacct dir, memory dir])`` of the job, or ``None``.
+
+        Either v1 directory may be ``""`` when that controller has no job cgroup.
+        """
+        cached = self._paths.get(job)
+        if cached is not None and all(not p or os.path.isdir(p) for p in cached[1]):
+            return cached
+        now = self._clock()
+        if cached is None and now < self._absent_until.get(job, -1.0):
+            return None
+        found: tuple[str, list[str]] | None = None
+        root = self.cgroup_root
+        if os.path.exists(os.path.join(root, "cgroup.controllers")):
+            path = self._find(root, _V2_PLACES, job)
+            if path is not None:
+                found = ("cgroup2", [path])
+        else:
+            cpu: str | None = None
+            for controller in ("cpuacct", "cpu,cpuacct", "cpuacct,cpu"):
+                cpu = self._find(os.path.join(root, controller), _V1_PLACES, job)
+                if cpu is not None:
+                    break
+            memory = self._find(os.path.join(root, "memory"), _V1_PLACES, job)
+            if cpu is not None or memory is not None:
+                found = ("cgroup1", [cpu or "", memory or ""])
+        if found is None:
+            self._paths.pop(job, None)
+            self._absent_until[job] = now + _ABSENT_RETRY_S
+        else:
+            self._paths[job] = found
+        return found
+
+    def _from_cgroup2(self, path: str) -> tuple[float | None, int | None, int | None]:
+        cpu: float | None = None
+        stat = _read_text(os.path.join(path, "cpu.stat"))
+        if stat is not None:
+            for line in stat.splitlines():
+                key, _, value = line.partition(" ")
+                if key == "usage_usec":
+                    try:
+                        cpu = int(value) / 1e6
+                    except ValueError:
+                        pass
+                    break
+        used = _read_int(os.path.join(path, "memory.current"))
+        limit_text = _read_text(os.path.join(path, "memory.max"))
+        limit: int | None = None
+        if limit_text is not None and limit_text.strip() != "max":
+            try:
+                limit = int(limit_text.strip())
+            except ValueError:
+                limit = None
+        return cpu, used, limit
+
+    def _from_cgroup1(self, cpu_dir: str, memory_dir: str) -> tuple[float | None, int | None, int | None]:
+        usage_ns = _read_int(os.path.join(cpu_dir, "cpuacct.usage")) if cpu_dir else None
+        cpu = usage_ns / 1e9 if usage_ns is not None else None
+        used = _read_int(os.path.join(memory_dir, "memory.usage_in_bytes")) if memory_dir else None
+        limit = _read_int(os.path.join(memory_dir, "memory.limit_in_bytes")) if memory_dir else None
+        if limit is not None and limit >= _V1_NO_LIMIT:
+            limit = None
+        return cpu, used, limit
+
+    # -- /proc --------------------------------------------------------------------
+
+    def _from_proc(self, pids: Iterable[int]) -> tuple[float | None, int | None]:
+        ticks = 0
+        rss = 0
+        seen = False
+        for pid in pids:
+            stat = _read_text(os.path.join(self.proc_root, str(pid), "stat"))
+            if stat is None:
+                continue  # ended since it was listed
+            try:
+                # Fields after the last ")" are fixed; utime and stime are 14 and 15.
+                after = stat.rsplit(")", 1)[1].split()
+                ticks += int(after[11]) + int(after[12])
+            except (IndexError, ValueError):
+                continue
+            seen = True
+            status = _read_text(os.path.join(self.proc_root, str(pid), "status"))
+            for line in (status or "").splitlines():
+                if line.startswith("VmRSS:"):
+                    try:
+                        rss += int(line.split()[1]) * 1024
+                    except (IndexError, ValueError):
+                        pass
+                    break
+        if not seen:
+            return None, None
+        return ticks / self._ticks_per_s, rss
+
+    # -- reading --------------------------------------------------------------------
+
+    def sample(self, job: str, pids: Iterable[int] | None = None) -> HostReading | None:
+        """The job's usage now: its cgroup, else the sum over ``pids``.
+
+        ``None`` when there is neither a cgroup nor a live pid to measure.
+        """
+        now = self._clock()
+        found = self.find_cgroup(job)
+        if found is not None:
+            source, paths = found
+            if source == "cgroup2":
+                cpu, used, limit = self._from_cgroup2(paths[0])
+            else:
+                cpu, used, limit = self._from_cgroup1(paths[0], paths[1])
+        elif pids is not None:
+            source = "proc"
+            cpu, used = self._from_proc(pids)
+            limit = None
+            if cpu is None:
+                self._previous.pop(job, None)
+                return None
+        else:
+            return None
+        util: float | None = None
+        if cpu is not None:
+            previous = self._previous.get(job)
+            if previous is not None:
+                elapsed = now - previous[0]
+                spent = cpu - previous[1]
+                if elapsed > 0 and spent >= 0:
+                    util = 100.0 * spent / elapsed
+            self._previous[job] = (now, cpu)
+        return HostReading(cpu_time_s=cpu, cpu_util=util, mem_used=used, mem_limit=limit, source=source)
+
+    def forget(self, keep: Iterable[str]) -> None:
+        """Drop the state of every job not in ``keep`` (jobs that ended)."""
+        wanted = set(keep)
+        for job in [j for j in self._previous if j not in wanted]:
+            del self._previous[job]
+        for job in [j for j in self._paths if j not in wanted]:
+            del self._paths[job]
+        for job in [j for j in self._absent_until if j not in wanted]:
+            del self._absent_until[job]
