@@ -232,13 +232,7 @@ class NodeTokenSource:
 
 def _install_token(shipper: Shipper, token: str) -> None:
     """Give the shipper a re-minted token for its next request."""
-    setter = getattr(shipper, "set_token", None)
-    if callable(setter):
-        setter(token)
-    else:
-        # Until the shipper has a public hook: the token is taken from settings the next
-        # time the shipper resolves it (after a 401/403).
-        shipper.settings = dataclasses.replace(shipper.settings, token=token)
+    shipper.set_token(token)
 
 
 # -- CLI ----------------------------------------------------------------------------

@@ -31,6 +31,7 @@ parent's records.
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import http.client
 import json
 import logging
@@ -236,6 +237,11 @@ class Shipper:
                 thread.join(timeout + 1.0)
         except Exception:  # noqa: BLE001 - boundary: never raise into the caller
             pass
+
+    def set_token(self, token: str) -> None:
+        """Use ``token`` from the next request on (the node daemon re-mints before expiry)."""
+        self.settings = dataclasses.replace(self.settings, token=token)
+        self._token = token
 
     def stats(self) -> dict[str, int]:
         """Counters for tests and benchmarks (``queued`` and ``spool_pending`` are right-now values)."""
