@@ -276,3 +276,23 @@ def log_events(
 
 def _escape_like(text: str | None) -> str:
     return (text or "").replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+
+
+def epoch_starts(conn: Connection, cluster: str, job_id: str) -> list[dict[str, Any]]:
+    """When each training epoch began (its first step record), for timeline markers."""
+    return conn.execute(
+        """SELECT epoch, min(ts) AS ts FROM steps
+           WHERE job_id = %s AND cluster = %s AND epoch IS NOT NULL AND coalesce(phase, 'train') = 'train'
+           GROUP BY epoch ORDER BY epoch""",
+        (job_id, cluster),
+    ).fetchall()
+
+
+def job_nodes(conn: Connection, cluster: str, job_ids: list[str]) -> dict[str, list[str] | None]:
+    """The nodes each known job is registered on (``None``: known, no nodes yet); unknown
+    jobs are absent. Used to authorise node tokens."""
+    rows = conn.execute(
+        "SELECT job_id, nodes FROM jobs WHERE cluster = %s AND job_id = ANY(%s)", (cluster, job_ids)
+    ).fetchall()
+    return {r["job_id"]: r["nodes"] for r in rows}
+

@@ -1,0 +1,40 @@
+"""jobsight dashboard: the entry point ``jobsight up`` runs with ``streamlit run``.
+
+It checks settings and identity once per rerun, then hands over to the page; the audit
+page is registered only for admins.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import streamlit as st
+
+from dashboard.identity import viewer_or_stop
+from dashboard.settings import SettingsError, load_dashboard_settings
+
+PAGES = Path(__file__).resolve().parent / "views"
+
+st.set_page_config(page_title="jobsight", layout="wide")
+
+try:
+    settings = load_dashboard_settings()
+except SettingsError as exc:
+    st.error(str(exc))
+    st.stop()
+
+viewer = viewer_or_stop(settings)
+
+pages = [
+    st.Page(PAGES / "jobs.py", title="Jobs", icon=":material/list:", url_path="jobs", default=True),
+    st.Page(PAGES / "job.py", title="Job", icon=":material/monitoring:", url_path="job"),
+]
+if viewer.is_admin:
+    pages.append(st.Page(PAGES / "audit.py", title="Audit", icon=":material/fact_check:", url_path="audit"))
+
+with st.sidebar:
+    st.caption(f"Signed in as **{viewer.name}**" + (" (admin)" if viewer.is_admin else ""))
+    if settings.auth_mode == "oidc":
+        st.button("Log out", on_click=st.logout)
+
+st.navigation(pages).run()

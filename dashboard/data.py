@@ -1,0 +1,234 @@
+"""Every read the dashboard makes: cached wrappers (explicit TTL) around the collector's
+query layer (STYLE rule 12). Pages never write SQL and never open connections.
+
+Access control lives here too, so a page cannot forget it: job lists are limited to the
+viewer's own jobs unless they are an admin, and per-job reads take a :class:`JobRef`,
+which only :func:`open_job` hands out after checking the viewer may see that job.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import pandas as pd
+import streamlit as st
+from psycopg_pool import ConnectionPool
+
+from collector import audit_queries, profile_queries, queries
+from collector.db import Connection, open_pool, unit_of_work
+from dashboard.identity import Viewer
+from dashboard.settings import load_dashboard_settings
+
+T = TypeVar("T")
+
+TTL = dt.timedelta(seconds=load_dashboard_settings().cache_ttl_s)
+
+
+class DatabaseNotConfigured(RuntimeError):
+    """``JOBSIGHT_DATABASE_URL`` is not set."""
+
+
+@st.cache_resource(show_spinner=False)
+def _pool(database_url: str) -> ConnectionPool[Connection]:
+    return open_pool(database_url, size=4)
+
+
+def _read(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    url = os.environ.get("JOBSIGHT_DATABASE_URL")
+    if not url:
+        raise DatabaseNotConfigured("JOBSIGHT_DATABASE_URL is not set; start the dashboard with `jobsight up`")
+    with unit_of_work(_pool(url)) as conn:
+        return fn(conn, *args, **kwargs)
+
+
+def _frame(rows: Sequence[dict[str, Any]], columns: Sequence[str] = ()) -> pd.DataFrame:
+    return pd.DataFrame(list(rows)) if rows else pd.DataFrame(columns=list(columns))
+
+
+@dataclass(frozen=True)
+class JobRef:
+    """A job the viewer was allowed to open (only :func:`open_job` makes one)."""
+
+    cluster: str
+    job_id: str
+
+
+@dataclass(frozen=True)
+class JobAccess:
+    """What :func:`open_job` found: ``ref`` and ``job`` are ``None`` when the job does not exist
+    or is not the viewer's; ``reason`` then says which, without telling another user's data."""
+
+    ref: JobRef | None
+    job: dict[str, Any] | None
+    reason: str | None = None
+
+
+# ---- job list and job header ------------------------------------------------------------
+
+@st.cache_data(ttl=TTL, show_spinner=False)
+def _jobs(filters: tuple[tuple[str, Any], ...], limit: int) -> tuple[pd.DataFrame, int]:
+    rows, total = _read(queries.list_jobs, limit=limit, **dict(filters))
+    return _frame(rows), total
+
+
+def jobs(
+    viewer: Viewer,
+    *,
+    cluster: str | None = None,
+    user: str | None = None,
+    state: str | None = None,
+    partition: str | None = None,
+    since: dt.datetime | None = None,
+    max_mean_util: float | None = None,
+    limit: int = 200,
+) -> tuple[pd.DataFrame, int]:
+    """Jobs the viewer may see, running first. ``user`` is honoured for admins only."""
+    owner = user if viewer.is_admin else viewer.name
+    filters = (("cluster", cluster), ("user", owner), ("state", state), ("partition", partition),
+               ("since", since), ("max_mean_util", max_mean_util))
+    return _jobs(filters, limit)
+
+
+@st.cache_data(ttl=TTL, show_spinner=False)
+def _job(cluster: str, job_id: str) -> dict[str, Any] | None:
+    return _read(queries.get_job, cluster, job_id)
+
+
+def open_job(viewer: Viewer, cluster: str, job_id: str) -> JobAccess:
+    job = _job(cluster, job_id)
+    if job is None:
+        return JobAccess(None, None, f"No job {job_id} on cluster {cluster}.")
+    if not viewer.may_see(job):
+        # Same wording whatever the owner, so the page reveals nothing about them.
+        return JobAccess(None, None, f"Job {job_id} is not your job: only its owner and admins can open it.")
+    return JobAccess(JobRef(cluster, job_id), job)
+
+
+# ---- per-job series (take a JobRef) ------------------------------------------------------
+
+@st.cache_data(ttl=TTL, show_spinner=False)
+def _gpu(cluster: str, job_id: str, points: int) -> pd.DataFrame:
+    return _frame(_read(queries.gpu_series, cluster, job_id, points=points),
+                  ("node", "gpu_index", "bucket", "util_gpu", "mem_used", "power_w", "temp_c"))
+
+
+def gpu_series(ref: JobRef, points: int) -> pd.DataFrame:
+    return _gpu(ref.cluster, ref.job_id, points)
+
+
+@st.cache_data(ttl=TTL, show_spinner=False)
+def _steps(cluster: str, job_id: str, points: int) -> pd.DataFrame:
+    return _frame(_read(queries.step_series, cluster, job_id, points=points), ("rank", "bucket", "duration_s"))
+
+
+def step_series(ref: JobRef, points: int) -> pd.DataFrame:
+    return _steps(ref.cluster, ref.job_id, points)
+
+
+@st.cache_data(ttl=TTL, show_spinner=False)
+def _metrics(cluster: str, job_id: str, points: int) -> pd.DataFrame:
+    return _frame(_read(queries.metric_series, cluster, job_id, points=points), ("name", "rank", "bucket", "value"))
+
+
+def metric_series(ref: JobRef, points: int) -> pd.DataFrame:
+    return _metrics(ref.cluster, ref.job_id, points)
+
+
+@st.cache_data(ttl=TTL, show_spinner=False)
+def _markers(cluster: str, job_id: str) -> pd.DataFrame:
+    """Timeline markers: warnings and errors from the log, epoch starts, profiling windows."""
+    logs = _read(queries.log_events, cluster, job_id, level="WARNING", limit=200)
+    epochs = _read(queries.epoch_starts, cluster, job_id)
+    windows = _read(profile_queries.profile_windows, cluster, job_id)
+    rows = [{"kind": f"log {r['level'].lower()}", "start": r["ts"], "end": r["ts"], "label": r["message"][:120]}
+            for r in logs]
+    rows += [{"kind": "epoch", "start": r["ts"], "end": r["ts"], "label": f"epoch {r['epoch']}"} for r in epochs]
+    rows += [{"kind": "profile", "start": r["start"], "end": r["end"],
+              "label": f"profile {r['profile_id']} steps {r['step_start']}-{r['step_end']}"} for r in windows]
+    return _frame(rows, ("kind", "start", "end", "label"))
+
+
+def markers(ref: JobRef) -> pd.DataFrame:
+    return _markers(ref.cluster, ref.job_id)
+
+
+@st.cache_data(ttl=TTL, show_spinner=False)
+def _logs(cluster: str, job_id: str, filters: tuple[tuple[str, Any], ...], limit: int) -> pd.DataFrame:
+    return _frame(_read(queries.log_events, cluster, job_id, limit=limit, **dict(filters)),
+                  ("ts", "node", "rank", "pid", "tid", "thread", "level", "logger", "message", "exception"))
+
+
+def logs(ref: JobRef, *, rank: int | None = None, pid: int | None = None, tid: int | None = None,
+         level: str | None = None, text: str | None = None, limit: int = 500) -> pd.DataFrame:
+    filters = (("rank", rank), ("pid", pid), ("tid", tid), ("level", level), ("text", text or None))
+    return _logs(ref.cluster, ref.job_id, filters, limit)
+
+
+@st.cache_data(ttl=TTL, show_spinner=False)
+def _profiles(cluster: str, job_id: str) -> list[dict[str, Any]]:
+    return _read(profile_queries.list_profiles, cluster, job_id)
+
+
+def profiles(ref: JobRef) -> list[dict[str, Any]]:
+    return _profiles(ref.cluster, ref.job_id)
+
+
+@st.cache_data(ttl=dt.timedelta(minutes=5), show_spinner=False, max_entries=8)
+def _trace(cluster: str, job_id: str, row_id: int) -> bytes | None:
+    return _read(profile_queries.profile_trace, cluster, job_id, row_id)
+
+
+def profile_trace(ref: JobRef, row_id: int) -> bytes | None:
+    return _trace(ref.cluster, ref.job_id, row_id)
+
+
+@st.cache_data(ttl=TTL, show_spinner=False)
+def _requests(cluster: str, job_id: str) -> pd.DataFrame:
+    return _frame(_read(profile_queries.profile_requests, cluster, job_id),
+                  ("id", "created_at", "requested_by", "steps", "ranks", "state", "reason"))
+
+
+def profile_requests(ref: JobRef) -> pd.DataFrame:
+    return _requests(ref.cluster, ref.job_id)
+
+
+def request_profile(viewer: Viewer, ref: JobRef, steps: int, ranks: Sequence[int] | None) -> int:
+    """The dashboard's one write: ask the job for a profile of its next ``steps`` steps."""
+    request_id = _read(profile_queries.request_profile, ref.cluster, ref.job_id, steps, ranks, viewer.name)
+    _requests.clear()
+    return request_id
+
+
+# ---- audit (admins) ------------------------------------------------------------------------
+
+def _admin_only(viewer: Viewer) -> None:
+    if not viewer.is_admin:
+        raise PermissionError("the audit is for admins")
+
+
+@st.cache_data(ttl=TTL, show_spinner=False)
+def _audit(start: dt.datetime, end: dt.datetime, cluster: str | None, low: float, idle: float) -> dict[str, Any]:
+    def read_all(conn: Connection) -> dict[str, Any]:
+        return {
+            "totals": audit_queries.audit_totals(conn, start, end, cluster=cluster),
+            **{group: _frame(audit_queries.gpu_hours_by(conn, group, start, end, cluster=cluster),
+                             ("name", "jobs", "gpu_hours", "mean_util", "energy_kwh", "energy_share"))
+               for group in ("user_name", "account", "partition")},
+            "idle": _frame(audit_queries.underused_allocations(conn, start, end, below_percent=idle, cluster=cluster)),
+            "low": _frame(audit_queries.underused_allocations(conn, start, end, below_percent=low, cluster=cluster)),
+            "trend": _frame(audit_queries.daily_trend(conn, start, end, low_util_percent=low, cluster=cluster),
+                            ("day", "gpu_hours", "low_util_gpu_hours", "energy_kwh")),
+        }
+
+    return _read(read_all)
+
+
+def audit(viewer: Viewer, start: dt.datetime, end: dt.datetime, *, cluster: str | None,
+          low_util_percent: float, idle_util_percent: float) -> dict[str, Any]:
+    """Totals, GPU-hours by user/account/partition, idle and low-use jobs, daily trend."""
+    _admin_only(viewer)
+    return _audit(start, end, cluster, low_util_percent, idle_util_percent)

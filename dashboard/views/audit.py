@@ -1,0 +1,86 @@
+"""Audit (admins): GPU-hours by user, account and partition; idle and low-utilisation
+allocations; energy and its share; the daily trend; every table as CSV."""
+
+from __future__ import annotations
+
+import datetime as dt
+from urllib.parse import urlencode
+
+import pandas as pd
+import streamlit as st
+
+from dashboard import charts, data
+from dashboard.identity import viewer_or_stop
+from dashboard.settings import load_dashboard_settings
+
+settings = load_dashboard_settings()
+viewer = viewer_or_stop(settings)
+st.title("Audit")
+if not viewer.is_admin:
+    st.error("The audit is for admins only.")
+    st.stop()
+
+today = dt.datetime.now(dt.UTC).date()
+cells = st.columns(4)
+first_day = cells[0].date_input("From (UTC)", today - dt.timedelta(days=6), key="audit_from")
+last_day = cells[1].date_input("To (UTC, inclusive)", today, key="audit_to")
+low = cells[2].number_input("Low utilisation below (%)", 0.0, 100.0, settings.low_util_percent, 5.0, key="audit_low")
+idle = cells[3].number_input("Idle below (%)", 0.0, 100.0, settings.idle_util_percent, 1.0, key="audit_idle")
+if last_day < first_day:
+    st.error("The period ends before it starts.")
+    st.stop()
+start = dt.datetime.combine(first_day, dt.time(), dt.UTC)
+end = dt.datetime.combine(last_day + dt.timedelta(days=1), dt.time(), dt.UTC)
+
+report = data.audit(viewer, start, end, cluster=settings.cluster, low_util_percent=low, idle_util_percent=idle)
+totals = report["totals"]
+row = st.columns(4)
+row[0].metric("Jobs", totals["jobs"])
+row[1].metric("GPU-hours", f"{totals['gpu_hours']:.1f}")
+row[2].metric("Energy (kWh)", f"{totals['energy_kwh']:.2f}")
+row[3].metric("Mean GPU utilisation", "n/a" if totals["mean_util"] is None else f"{totals['mean_util']:.0f} %")
+st.caption("GPU-hours count each job's allocated GPUs over the part of its run inside the period. Energy comes "
+           "from finished jobs' summaries, pro-rated the same way; running jobs have none yet.")
+
+period = f"{first_day:%Y%m%d}-{last_day:%Y%m%d}"
+
+
+def _table(frame: pd.DataFrame, name: str, *, links: bool = False) -> None:
+    if frame.empty:
+        st.info("Nothing in this period.")
+        return
+    shown = frame.copy()
+    config = {"gpu_hours": st.column_config.NumberColumn("GPU-hours", format="%.2f"),
+              "mean_util": st.column_config.NumberColumn("mean util %", format="%.0f"),
+              "energy_kwh": st.column_config.NumberColumn("kWh", format="%.3f"),
+              "energy_share": st.column_config.NumberColumn("energy share", format="percent")}
+    if links:
+        shown.insert(0, "open", [f"job?{urlencode({'cluster': c, 'job': j})}"
+                                 for c, j in zip(shown["cluster"], shown["job_id"], strict=True)])
+        config["open"] = st.column_config.LinkColumn("open", display_text="open")
+    st.dataframe(shown, hide_index=True, width="stretch", column_config=config)
+    st.download_button(f"CSV: {name}", frame.to_csv(index=False).encode(), file_name=f"jobsight-{name}-{period}.csv",
+                       mime="text/csv", key=f"csv_{name}")
+
+
+st.subheader("GPU-hours and energy")
+for tab, (group, label) in zip(st.tabs(["By user", "By account", "By partition"]),
+                               (("user_name", "user"), ("account", "account"), ("partition", "partition")),
+                               strict=True):
+    with tab:
+        _table(report[group].rename(columns={"name": label}), f"by-{label}")
+
+st.subheader("Idle and low-utilisation allocations")
+idle_tab, low_tab = st.tabs([f"Idle (< {idle:.0f} %)", f"Low (< {low:.0f} %)"])
+with idle_tab:
+    _table(report["idle"], "idle", links=True)
+with low_tab:
+    _table(report["low"], "low-utilisation", links=True)
+
+st.subheader("Trend")
+trend = report["trend"]
+if trend.empty or not trend["gpu_hours"].any():
+    st.info("No GPU-hours in this period.")
+else:
+    st.altair_chart(charts.trend_chart(trend), width="stretch")
+_table(trend, "daily-trend")

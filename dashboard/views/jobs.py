@@ -1,0 +1,72 @@
+"""Jobs: running first, filterable, each row opening its job page."""
+
+from __future__ import annotations
+
+import datetime as dt
+from urllib.parse import urlencode
+
+import pandas as pd
+import streamlit as st
+
+from dashboard import data
+from dashboard.identity import viewer_or_stop
+from dashboard.settings import load_dashboard_settings
+
+settings = load_dashboard_settings()
+viewer = viewer_or_stop(settings)
+
+RANGES = {"last 24 hours": dt.timedelta(days=1), "last 7 days": dt.timedelta(days=7),
+          "last 30 days": dt.timedelta(days=30), "all time": None}
+STATES = ["any", "running", "completed", "failed", "cancelled", "timeout", "node_fail"]
+
+st.title("Jobs" if viewer.is_admin else f"Jobs of {viewer.name}")
+
+columns = st.columns(5 if viewer.is_admin else 4)
+user = None
+if viewer.is_admin:
+    user = columns.pop(0).text_input("User", key="jobs_user").strip() or None
+state = columns[0].selectbox("State", STATES, key="jobs_state")
+partition = columns[1].text_input("Partition", key="jobs_partition").strip() or None
+period = columns[2].selectbox("Time range", list(RANGES), index=1, key="jobs_range")
+below = columns[3].number_input("Mean GPU util below (%)", min_value=0.0, max_value=100.0, value=None,
+                                step=5.0, key="jobs_below", help="Only finished jobs have a mean utilisation.")
+
+span = RANGES[period]
+frame, total = data.jobs(
+    viewer, cluster=settings.cluster, user=user, state=None if state == "any" else state, partition=partition,
+    since=dt.datetime.now(dt.UTC) - span if span else None, max_mean_util=below,
+)
+
+if frame.empty:
+    st.info("No jobs match these filters." if total == 0 else "No jobs on this page.")
+    st.stop()
+
+now = pd.Timestamp.now(tz="UTC")
+table = pd.DataFrame({
+    "open": [f"job?{urlencode({'cluster': c, 'job': j})}"
+             for c, j in zip(frame["cluster"], frame["job_id"], strict=True)],
+    "job": frame["job_id"],
+    "user": frame["user_name"],
+    "name": frame["name"],
+    "partition": frame["partition"],
+    "state": frame["state"],
+    "GPUs": [int(n) if pd.notna(n) else (len(g) if isinstance(g, list) else None)
+             for n, g in zip(frame["gpu_count"], frame["gpus"], strict=True)],
+    "mean util %": frame["mean_util"],
+    "energy kWh": frame["energy_kwh"],
+    "flags": [", ".join(f) if isinstance(f, list) else "" for f in frame["flags"]],
+    "started": frame["start_time"],
+    "elapsed h": [((e if pd.notna(e) else now) - s).total_seconds() / 3600 if pd.notna(s) else None
+                  for s, e in zip(pd.to_datetime(frame["start_time"], utc=True),
+                                  pd.to_datetime(frame["end_time"], utc=True), strict=True)],
+})
+st.caption(f"{total} job(s); showing {len(table)}. Running jobs first.")
+st.dataframe(
+    table, hide_index=True, width="stretch",
+    column_config={
+        "open": st.column_config.LinkColumn("open", display_text="open"),
+        "mean util %": st.column_config.NumberColumn(format="%.0f"),
+        "energy kWh": st.column_config.NumberColumn(format="%.2f"),
+        "elapsed h": st.column_config.NumberColumn(format="%.2f"),
+    },
+)

@@ -1,0 +1,58 @@
+"""Fixtures for dashboard tests: one seeded cluster per session and AppTest factories."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import streamlit as st
+from streamlit.testing.v1 import AppTest
+
+from tests.conftest import REPO
+from tests.dashboard.seed import Seed, seed
+
+APP = str(REPO / "dashboard" / "app.py")
+
+
+@pytest.fixture(scope="session")
+def seeded(database_url: str) -> Seed:
+    return seed(database_url)
+
+
+@pytest.fixture
+def dashboard_env(monkeypatch: pytest.MonkeyPatch, database_url: str, seeded: Seed) -> Seed:
+    """OIDC mode (AppTest can seed ``st.user``, a real code path) limited to the seeded cluster."""
+    monkeypatch.setenv("JOBSIGHT_DATABASE_URL", database_url)
+    monkeypatch.setenv("JOBSIGHT_DASHBOARD_AUTH_MODE", "oidc")
+    monkeypatch.setenv("JOBSIGHT_DASHBOARD_ADMIN_USERS", "root")
+    monkeypatch.setenv("JOBSIGHT_DASHBOARD_CLUSTER", seeded.cluster)
+    st.cache_data.clear()
+    return seeded
+
+
+@pytest.fixture
+def app_as(dashboard_env: Seed) -> Iterator[Callable[..., AppTest]]:
+    """``app_as("alice", page="views/job.py", job="a1")``: an AppTest run as that user on that page."""
+
+    def run(user: str | None, page: str | None = None, **query: str) -> AppTest:
+        at = AppTest.from_file(APP, default_timeout=60)
+        at.user = {"is_logged_in": True, "preferred_username": user} if user else {"is_logged_in": False}
+        at.run()
+        if page is not None:
+            at.query_params.update(query)
+            at.switch_page(page).run()
+        return at
+
+    yield run
+
+
+def texts(at: AppTest) -> str:
+    """Everything the page says, for asserting presence and absence of data."""
+    parts: list[Any] = []
+    for kind in ("title", "header", "subheader", "markdown", "caption", "info", "warning", "error", "success"):
+        parts += [element.value for element in getattr(at, kind)]
+    parts += [f"{m.label} {m.value}" for m in at.metric]
+    for frame in at.dataframe:
+        parts.append(frame.value.to_csv())
+    return "\n".join(str(p) for p in parts)
