@@ -20,6 +20,8 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "collector": ("collector.cli", "run the collector against JOBSIGHT_DATABASE_URL"),
     "migrate": ("collector.cli", "apply database migrations"),
     "agent": ("agent.daemon", "run the node daemon: sample GPUs and ship them to the collector"),
+    "slurm": ("agent.slurm_hooks", "Slurm hooks: prolog, epilog, task-prolog (run by the slurm/ wrappers)"),
+    "report": ("agent.report", "print a job's efficiency report from the collector"),
 }
 
 

@@ -9,12 +9,12 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
-from collector.auth import Authenticator, ensure_admin_token
+from collector.auth import Authenticator, ensure_admin_token, load_cluster_secret
 from collector.db import autocommit_connection, open_pool
 from collector.errors import install_error_handlers
 from collector.migrate import schema_is_current
 from collector.partitions import PartitionKeeper
-from collector.routes import health, ingest, jobs
+from collector.routes import health, ingest, jobs, profiles, summaries
 from collector.settings import CollectorSettings, SettingsError, load_collector_settings
 from collector.telemetry import CollectorMetrics
 
@@ -62,9 +62,13 @@ def create_app(settings: CollectorSettings | None = None) -> FastAPI:
     app.state.settings = settings
     app.state.metrics = CollectorMetrics()
     app.state.partitions = PartitionKeeper()
-    app.state.authenticator = Authenticator([ensure_admin_token(settings.resolved_admin_token_file())])
+    # A group- or world-readable secret stops the start here (RuntimeError naming the file).
+    secret = load_cluster_secret(settings.resolved_secret_file())
+    app.state.authenticator = Authenticator([ensure_admin_token(settings.resolved_admin_token_file())], secret)
     install_error_handlers(app)
     app.include_router(health.router)
     app.include_router(ingest.router)
     app.include_router(jobs.router)
+    app.include_router(profiles.router)
+    app.include_router(summaries.router)
     return app

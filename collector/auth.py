@@ -1,22 +1,48 @@
-"""Who may write and read. One check for every request; the Slurm integration adds
-job and node tokens to it.
+"""Who may write and read. One check for every request.
 
-Only a SHA-256 of the admin token is kept in memory, and tokens are compared in
-constant time. No token is ever logged.
+Three kinds of bearer token:
+
+* **admin** (``<data_dir>/admin_token``): everything.
+* **job** (minted by the Slurm prolog with the cluster secret, :mod:`agent.tokens`):
+  writes records whose ``job`` is its job, and only into its cluster; reads its own job.
+* **node** (minted by the node daemon and the root hooks with the cluster secret):
+  writes records whose ``node`` (when given) is its node, for jobs registered on its
+  node, and only into its cluster; cannot read. Any record kind: the node daemon and
+  the hooks replay what jobs on the node spooled while the collector was away, and a
+  node's root holds the cluster secret anyway (it mints the job tokens), so limiting
+  kinds would be no boundary; the node binding is. "Registered" is what the
+  collector knows: the job's ``jobs.nodes`` (filled from ``job_started``, which the
+  prolog posts with the node token) contains the node, or a ``job_started`` for that
+  node is in the same batch. A job the collector has not heard of, or whose node
+  list is still empty, is accepted: the prolog's ``job_started`` may sit in a spool
+  while the daemon's samples arrive first after a collector outage, and refusing
+  them would lose the samples for good. A job registered on *other* nodes only is
+  refused (403).
+
+Job and node tokens are accepted only when the collector has a cluster secret
+(``JOBSIGHT_SECRET_FILE``, default ``<data_dir>/cluster_secret``); without one they get
+401 saying so. Only a SHA-256 of the admin token is kept in memory, and tokens are
+compared in constant time. No token is ever logged.
 """
 
 from __future__ import annotations
 
 import hashlib
 import hmac
+import logging
 import os
 import secrets
 import stat
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from agent.tokens import TokenError, looks_like_token, verify_token
 from agent.wire import Batch
+
+log = logging.getLogger("jobsight.collector")
+
 
 
 class AuthError(Exception):
@@ -66,30 +92,95 @@ def read_secret_file(path: Path, what: str) -> str:
     return value
 
 
-class Authenticator:
-    def __init__(self, admin_tokens: list[str]):
-        self._admin = [_digest(t) for t in admin_tokens if t]
+def load_cluster_secret(path: Path) -> str | None:
+    """The cluster secret, or ``None`` (logged) when the file does not exist.
 
-    def authenticate(self, authorization: str | None) -> Principal:
+    Raises ``RuntimeError`` naming the file when it is readable by other users or
+    empty: the collector must not start on a leaked secret.
+    """
+    if not path.exists():
+        log.warning("no cluster secret at %s: job and node tokens will not be accepted "
+                    "(set JOBSIGHT_SECRET_FILE to enable the Slurm integration)", path)
+        return None
+    return read_secret_file(path, "cluster secret")
+
+
+class Authenticator:
+    """``admin_tokens``: accepted admin tokens; ``secret``: the cluster secret for job and
+    node tokens (``None``: only admin tokens work)."""
+
+    def __init__(self, admin_tokens: list[str], secret: str | None = None):
+        self._admin = [_digest(t) for t in admin_tokens if t]
+        self._secret = secret
+
+    def authenticate(self, authorization: str | None, now: float | None = None) -> Principal:
         if not authorization:
             raise AuthError(401, "missing bearer token")
         scheme, _, token = authorization.partition(" ")
-        if scheme.lower() != "bearer" or not token.strip():
+        token = token.strip()
+        if scheme.lower() != "bearer" or not token:
             raise AuthError(401, "expected 'Authorization: Bearer <token>'")
-        digest = _digest(token.strip())
+        digest = _digest(token)
         if any(hmac.compare_digest(digest, admin) for admin in self._admin):
             return Principal("admin")
-        raise AuthError(401, "unknown token")
+        if not looks_like_token(token):
+            raise AuthError(401, "unknown token")
+        if self._secret is None:
+            raise AuthError(401, "this collector has no cluster secret, so it accepts no job or node tokens")
+        try:
+            claims = verify_token(self._secret, token, now)
+        except TokenError as exc:
+            raise AuthError(401, str(exc)) from exc
+        return Principal(claims.kind, job=claims.job, node=claims.node, cluster=claims.cluster)
 
-    def authorize_batch(self, principal: Principal, batch: Batch) -> None:
-        """Raise :class:`AuthError` if ``principal`` may not write every record of ``batch``."""
+    def authorize_batch(
+        self,
+        principal: Principal,
+        batch: Batch,
+        job_nodes: Mapping[str, Sequence[str] | None] | None = None,
+    ) -> None:
+        """Raise :class:`AuthError` (403, naming the record) unless ``principal`` may write
+        every record of ``batch``.
+
+        ``job_nodes`` maps each job id of the batch to the nodes the collector has
+        registered for it (``None`` or absent: job unknown or no nodes yet); it is only
+        consulted for node tokens (see :func:`batch_jobs_to_check`).
+        """
         if principal.kind == "admin":
             return
-        raise AuthError(403, f"a {principal.kind} token cannot write this batch")
+        if batch.cluster != principal.cluster:
+            raise AuthError(403, f"a {principal.kind} token of cluster {principal.cluster!r} "
+                                 f"cannot write into cluster {batch.cluster!r}")
+        if principal.kind == "job":
+            for index, record in enumerate(batch.records):
+                if record["job"] != principal.job:
+                    raise AuthError(403, f"record {index}: a job token of job {principal.job} "
+                                         f"cannot write records of job {record['job']}")
+            return
+        registering = {
+            r["job"] for r in batch.records if r["kind"] == "job_started" and r.get("node") == principal.node
+        }
+        for index, record in enumerate(batch.records):
+            if record.get("node") not in (None, principal.node):
+                raise AuthError(403, f"record {index}: the node token of {principal.node} "
+                                     f"cannot write records of node {record.get('node')}")
+            job = record["job"]
+            nodes = (job_nodes or {}).get(job)
+            if nodes and principal.node not in nodes and job not in registering:
+                raise AuthError(403, f"record {index}: job {job} is not registered on node {principal.node}")
 
     def authorize_read(self, principal: Principal, job: str | None = None) -> None:
         if principal.kind == "admin":
             return
         if principal.kind == "job" and job is not None and job == principal.job:
             return
-        raise AuthError(403, "this token cannot read that")
+        if principal.kind == "job":
+            raise AuthError(403, f"a job token of job {principal.job} can read only that job")
+        raise AuthError(403, "a node token cannot read")
+
+
+def batch_jobs_to_check(principal: Principal, batch: Batch) -> list[str]:
+    """The job ids whose registered nodes :meth:`Authenticator.authorize_batch` needs."""
+    if principal.kind != "node":
+        return []
+    return sorted({r["job"] for r in batch.records})

@@ -20,6 +20,7 @@ from agent.wire import Batch, WireError
 from collector.db import Connection
 from collector.partitions import PartitionKeeper
 from collector.schema import gpu_samples, host_samples, log_events, metrics, steps
+from collector.summaries import refresh_ended
 
 EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
 
@@ -169,6 +170,8 @@ def store(conn: Connection, batch: Batch, prepared: PreparedBatch) -> bool:
         _profile(conn, batch.cluster, record)
     for record in prepared.job_ended:
         _job_ended(conn, batch.cluster, record)
+    # Summaries of ended jobs, in this transaction: at job_ended, and again when late rows arrive.
+    refresh_ended(conn, batch.cluster, list(prepared.jobs_seen))
     return True
 
 
@@ -229,6 +232,12 @@ def _job_ended(conn: Connection, cluster: str, r: dict[str, Any]) -> None:
            WHERE cluster = %s AND job_id = %s""",
         (r["ts"], r["ts"], exit_code, state, r["ts"], cluster, r["job"]),
     )
+    conn.execute(
+        """UPDATE profile_requests SET state = 'failed', reason = 'the job ended before the profile was taken',
+               updated_at = now()
+           WHERE cluster = %s AND job_id = %s AND state IN ('pending', 'running')""",
+        (cluster, r["job"]),
+    )
 
 
 def _profile(conn: Connection, cluster: str, r: dict[str, Any]) -> None:
@@ -253,4 +262,11 @@ def _profile(conn: Connection, cluster: str, r: dict[str, Any]) -> None:
             r.get("note"),
         ),
     )
+    if r.get("request_id") is not None:
+        # The profile an on-demand request asked for: the request is done, in this transaction.
+        conn.execute(
+            """UPDATE profile_requests SET state = 'done', profile_id = %s, reason = NULL, updated_at = now()
+               WHERE id = %s AND cluster = %s AND job_id = %s AND state IN ('pending', 'running')""",
+            (r["profile_id"], r["request_id"], cluster, r["job"]),
+        )
 

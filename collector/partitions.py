@@ -70,7 +70,7 @@ class PartitionKeeper:
             self._known.update((table, day) for day in wanted)
 
     def ensure_ahead(self, conn: Connection, days_ahead: int, today: dt.date | None = None) -> None:
-        today = today or dt.datetime.now(dt.timezone.utc).date()
+        today = today or dt.datetime.now(dt.UTC).date()
         days = [today + dt.timedelta(days=n) for n in range(-1, days_ahead + 1)]
         for table in PARTITIONED_TABLES:
             self.ensure(conn, table, days)
@@ -79,7 +79,7 @@ class PartitionKeeper:
         """Drop whole partitions older than the retention window; returns their names."""
         if retention_days <= 0:
             return []
-        today = today or dt.datetime.now(dt.timezone.utc).date()
+        today = today or dt.datetime.now(dt.UTC).date()
         cutoff = today - dt.timedelta(days=retention_days)
         with self._lock:
             old = sorted((t, d) for t, d in self._known if d < cutoff)

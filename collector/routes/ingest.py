@@ -10,7 +10,8 @@ from fastapi import APIRouter, Request
 from fastapi.concurrency import run_in_threadpool
 
 from agent.wire import Batch, WireError, decode_batch
-from collector import ingest
+from collector import ingest, queries
+from collector.auth import batch_jobs_to_check
 from collector.db import autocommit_connection, unit_of_work
 from collector.deps import Auth, CurrentPrincipal, Keeper, Metrics, Pool, Settings
 from collector.errors import BodyTooLarge, BadBody
@@ -51,6 +52,11 @@ def decompress(body: bytes, encoding: str | None, limit: int) -> bytes:
     return out
 
 
+def _job_nodes(pool: Any, cluster: str, job_ids: list[str]) -> dict[str, list[str] | None]:
+    with unit_of_work(pool) as conn:
+        return queries.job_nodes(conn, cluster, job_ids)
+
+
 def _store(pool: Any, keeper: Any, batch: Batch, prepared: ingest.PreparedBatch) -> bool:
     if prepared.days:
         with autocommit_connection(pool) as conn:
@@ -81,7 +87,9 @@ async def post_ingest(
         if exc.record is None and exc.field is None:
             raise BadBody(exc.message) from exc
         raise
-    auth.authorize_batch(principal, batch)
+    to_check = batch_jobs_to_check(principal, batch)
+    job_nodes = await run_in_threadpool(_job_nodes, pool, batch.cluster, to_check) if to_check else None
+    auth.authorize_batch(principal, batch, job_nodes)
     stored = await run_in_threadpool(_store, pool, keeper, batch, prepared)
     metrics.latency.observe(time.perf_counter() - started)
     if not stored:

@@ -12,8 +12,9 @@
 # Environment:
 #   JOBSIGHT_BIN        jobsight executable the hooks call
 #                       (default: <repo>/.venv/bin/jobsight, else /usr/local/bin/jobsight)
-#   JOBSIGHT_URL, JOBSIGHT_CONFIG, JOBSIGHT_HOOK_TIMEOUT
-#                       copied into hooks.env when set
+#   JOBSIGHT_URL, JOBSIGHT_CONFIG, JOBSIGHT_HOOK_TIMEOUT, JOBSIGHT_CLUSTER, JOBSIGHT_NODE,
+#   JOBSIGHT_SECRET_FILE, JOBSIGHT_TOKEN_DIR, JOBSIGHT_REGISTRATION_DIR, JOBSIGHT_SPOOL_DIR,
+#   JOBSIGHT_HOOK_LOG    copied into hooks.env when set (tests/slurm/test_e2e.py sets them)
 #   SLURM_WAIT_S        how long to wait for the node to become idle (default 60)
 set -euo pipefail
 
@@ -116,7 +117,8 @@ if [ ! -e "$hooks_env" ] || grep -qxF "$marker" "$hooks_env"; then
     {
         echo "$marker"
         echo "JOBSIGHT_BIN=$JOBSIGHT_BIN"
-        for v in JOBSIGHT_URL JOBSIGHT_CONFIG JOBSIGHT_HOOK_TIMEOUT; do
+        for v in JOBSIGHT_URL JOBSIGHT_CONFIG JOBSIGHT_HOOK_TIMEOUT JOBSIGHT_CLUSTER JOBSIGHT_NODE \
+                 JOBSIGHT_SECRET_FILE JOBSIGHT_TOKEN_DIR JOBSIGHT_REGISTRATION_DIR JOBSIGHT_SPOOL_DIR JOBSIGHT_HOOK_LOG; do
             [ -z "${!v:-}" ] || echo "$v=${!v}"
         done
     } >"$tmp"

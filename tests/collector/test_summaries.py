@@ -1,0 +1,119 @@
+"""Job summaries: computed at job_ended from known samples, checked against hand-computed values."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from agent.report import format_report
+from agent.wire import now_us
+from tests.collector.helpers import gz, post
+
+S = 1_000_000  # microseconds per second
+GB = 2**30
+
+
+def _gpu(job: str, ts: int, index: int, util: float, mem_gb: float, **extra: Any) -> dict[str, Any]:
+    return {"kind": "gpu_sample", "job": job, "ts": ts, "node": "n1", "gpu_index": index, "gpu_uuid": f"GPU-{index}",
+            "util_gpu": util, "mem_used": int(mem_gb * GB), "mem_total": 80 * GB, **extra}
+
+
+def _known_job(job: str, t0: int) -> list[dict[str, Any]]:
+    records: list[dict[str, Any]] = [
+        {"kind": "job_started", "job": job, "ts": t0, "node": "n1", "user": "alice", "nodes": ["n1"],
+         "gpus": ["0", "1"], "time_limit_s": 3600},
+    ]
+    # GPU 0: busy-ish, energy counter 1000 -> 7000 J.
+    for i, (util, mem, energy) in enumerate([(0, 10, 1000), (50, 20, 2000), (100, 40, 4000), (50, 30, 7000)]):
+        records.append(_gpu(job, t0 + i * 10 * S, 0, util, mem, energy_j=float(energy), power_w=300.0))
+    # GPU 1: idle, no energy counter, power 100/200/200/100 W every 10 s.
+    for i, (util, power) in enumerate([(2, 100.0), (3, 200.0), (4, 200.0), (1, 100.0)]):
+        records.append(_gpu(job, t0 + i * 10 * S, 1, util, 1, power_w=power))
+    # Rank 0: five 1 s steps ending at t0+5 .. t0+9 s; rank 1 differs and must not be used.
+    for i in range(5):
+        records.append({"kind": "step", "job": job, "ts": t0 + (5 + i) * S, "node": "n1", "rank": 0, "step": i,
+                        "duration_s": 1.0, "phase": "train"})
+        records.append({"kind": "step", "job": job, "ts": t0 + (20 + 3 * i) * S, "node": "n1", "rank": 1, "step": i,
+                        "duration_s": 3.0, "phase": "train"})
+    records.append({"kind": "step", "job": job, "ts": t0 + 2 * S, "node": "n1", "rank": 0, "step": 0,
+                    "duration_s": 0.5, "phase": "val"})
+    return records
+
+
+def test_summary_of_known_samples(client: Any, job_id: str) -> None:
+    t0 = now_us() - 3600 * S
+    assert post(client, gz(_known_job(job_id, t0))).status_code == 200
+    # Running: a live summary, not stored.
+    live = client.get(f"/v1/jobs/{job_id}/summary").json()
+    assert live["final"] is False and live["summary"]["gpu_count"] == 2
+    end = {"kind": "job_ended", "job": job_id, "ts": t0 + 40 * S, "node": "n1", "exit_code": 0}
+    assert post(client, gz([end])).status_code == 200
+
+    answer = client.get(f"/v1/jobs/{job_id}/summary").json()
+    assert answer["final"] is True
+    assert answer["dashboard_url"].endswith(f"/job?cluster=default&job={job_id}")
+    summary = answer["summary"]
+    gpu0, gpu1 = summary["gpus"]
+    assert gpu0["gpu_index"] == 0 and gpu0["samples"] == 4
+    assert gpu0["mean_util"] == pytest.approx(50.0) and gpu0["max_util"] == pytest.approx(100.0)
+    assert gpu0["peak_mem_bytes"] == 40 * GB and gpu0["peak_mem_share"] == pytest.approx(0.5)
+    assert gpu0["energy_source"] == "counter" and gpu0["energy_kwh"] == pytest.approx(6000 / 3.6e6)
+    assert gpu0["idle_fraction"] == pytest.approx(0.25) and gpu0["flags"] == []
+    assert gpu1["mean_util"] == pytest.approx(2.5) and gpu1["idle_fraction"] == pytest.approx(1.0)
+    # Trapezoids: 10 s x (150 + 200 + 150) W.
+    assert gpu1["energy_source"] == "power" and gpu1["energy_kwh"] == pytest.approx(5000 / 3.6e6)
+    assert gpu1["flags"] == ["idle_gpu", "memory_mostly_unused"]
+
+    assert summary["elapsed_s"] == pytest.approx(40.0)
+    assert summary["gpu_count"] == 2 and summary["gpu_hours"] == pytest.approx(2 * 40 / 3600)
+    assert summary["mean_util"] == pytest.approx(26.25)
+    assert summary["energy_kwh"] == pytest.approx(11000 / 3.6e6)
+    steps = summary["steps"]
+    assert steps["rank"] == 0 and steps["count"] == 5
+    assert steps["steps_per_s"] == pytest.approx(1.0) and steps["time_to_first_step_s"] == pytest.approx(5.0)
+    # Idle GPU 1 and a 26 % mean; GPU 0 peaked at half its memory, so memory is not "mostly unused".
+    assert summary["flags"] == ["idle_gpu", "low_utilization"]
+
+    row = client.get(f"/v1/jobs/{job_id}").json()
+    assert row["flags"] == ["idle_gpu", "low_utilization"] and row["mean_util"] == pytest.approx(26.25)
+
+    text = format_report(row, answer)
+    assert f"Job ID: {job_id}" in text and "COMPLETED (exit code 0)" in text
+    assert "n1 (GPU 1): 2% (max 4%, idle 100%)" in text
+    assert "n1 (GPU 0): 40.0GB/80.0GB (50%)" in text
+    assert "5 steps at 1.00 steps/s; first step done 5.0 s after the job started" in text
+    assert "idle_gpu" in text and "low_utilization" in text and answer["dashboard_url"] in text
+
+
+def test_late_samples_update_the_summary(client: Any, job_id: str, db: Any) -> None:
+    t0 = now_us() - 600 * S
+    records = [
+        {"kind": "job_started", "job": job_id, "ts": t0, "node": "n1", "gpus": ["0"]},
+        _gpu(job_id, t0 + S, 0, 10, 1),
+        {"kind": "job_ended", "job": job_id, "ts": t0 + 20 * S, "node": "n1", "exit_code": 3},
+    ]
+    assert post(client, gz(records)).status_code == 200
+    first = db.execute("SELECT mean_util, summary FROM job_summaries WHERE job_id = %s", (job_id,)).fetchone()
+    assert first[0] == pytest.approx(10.0)
+    # The node daemon's last batch arrives after the epilog's job_ended.
+    assert post(client, gz([_gpu(job_id, t0 + 2 * S, 0, 90, 1)])).status_code == 200
+    second = db.execute("SELECT mean_util FROM job_summaries WHERE job_id = %s", (job_id,)).fetchone()
+    assert second[0] == pytest.approx(50.0)
+
+
+def test_job_without_samples_has_an_empty_summary(client: Any, job_id: str) -> None:
+    t0 = now_us() - 100 * S
+    records = [{"kind": "job_started", "job": job_id, "ts": t0, "node": "n1", "gpus": ["0", "1"]},
+               {"kind": "job_ended", "job": job_id, "ts": t0 + 36 * S, "node": "n1", "exit_code": 0}]
+    assert post(client, gz(records)).status_code == 200
+    summary = client.get(f"/v1/jobs/{job_id}/summary").json()["summary"]
+    assert summary["gpus"] == [] and summary["steps"] is None and summary["mean_util"] is None
+    # Allocated GPUs are billed even when never sampled.
+    assert summary["gpu_count"] == 2 and summary["gpu_hours"] == pytest.approx(0.02)
+    assert summary["flags"] == []
+
+
+def test_unknown_job_summary_is_404(client: Any, job_id: str) -> None:
+    response = client.get(f"/v1/jobs/{job_id}/summary")
+    assert response.status_code == 404 and job_id in response.json()["detail"]["error"]
