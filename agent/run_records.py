@@ -99,7 +99,7 @@ class RunRecorder:
         """One finished step; ``data_wait_s``/``compute_s`` ``None`` means not measurable here."""
         record = self._base("step")
         record.update(
-            rank=self.rank, pid=self.pid, step=int(step), epoch=epoch, phase=phase,
+            rank=self.rank, pid=self.pid, tid=threading.get_native_id(), step=int(step), epoch=epoch, phase=phase,
             duration_s=max(float(duration_s), 0.0), data_wait_s=data_wait_s, compute_s=compute_s, samples=samples,
         )
         self.shipper.enqueue(record)
@@ -107,12 +107,15 @@ class RunRecorder:
     def metrics(self, values: Mapping[str, Any], step: int | None = None) -> None:
         """Each finite number in ``values`` as a ``metric`` record; the rest are skipped."""
         ts = wire.now_us()
+        tid = threading.get_native_id()
         for name, raw in values.items():
             value = _finite(raw)
             if value is None:
                 continue
             record = self._base("metric", ts)
-            record.update(rank=self.rank, pid=self.pid, step=step, name=str(name)[: wire.MAX_STRING], value=value)
+            record.update(
+                rank=self.rank, pid=self.pid, tid=tid, step=step, name=str(name)[: wire.MAX_STRING], value=value
+            )
             self.shipper.enqueue(record)
 
     def event(

@@ -95,6 +95,7 @@ FIELDS: Final[dict[str, dict[str, str]]] = {
     "metric": {
         "rank": "int?",
         "pid": "int?",
+        "tid": "int?",
         "step": "int?",
         "name": "str",
         "value": "float",
@@ -102,6 +103,7 @@ FIELDS: Final[dict[str, dict[str, str]]] = {
     "step": {
         "rank": "int?",
         "pid": "int?",
+        "tid": "int?",
         "step": "int",
         "epoch": "int?",
         "phase": "str?",

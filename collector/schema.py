@@ -149,6 +149,7 @@ metrics = Table(
     Column("step", BigInteger),
     Column("name", Text, nullable=False),
     Column("value", Double, nullable=False),
+    Column("tid", BigInteger),
     Index(None, "job_id", "name", "ts"),
     postgresql_partition_by=PARTITION_BY,
 )
@@ -166,6 +167,7 @@ steps = Table(
     Column("data_wait_s", Double),
     Column("compute_s", Double),
     Column("samples", Integer),
+    Column("tid", BigInteger),
     Index(None, "job_id", "ts"),
     postgresql_partition_by=PARTITION_BY,
 )

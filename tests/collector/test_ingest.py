@@ -47,11 +47,11 @@ def test_each_record_kind_round_trips(client: Any, db: psycopg.Connection[Any], 
                        "Traceback ...\nValueError: nan", {"step": 7, "lr": 0.001})
     # A dropped record becomes a warning in the job's log, with the count.
     assert logs[1][4] == "WARNING" and logs[1][8] == {"dropped": 12, "reason": "spool full"}
-    assert db.execute("SELECT rank, step, name, value FROM metrics WHERE job_id = %s",
-                      (job_id,)).fetchall() == [(0, 7, "loss", 2.5)]
+    assert db.execute("SELECT rank, tid, step, name, value FROM metrics WHERE job_id = %s",
+                      (job_id,)).fetchall() == [(0, 4243, 7, "loss", 2.5)]
     assert db.execute(
-        "SELECT step, epoch, phase, duration_s, data_wait_s, compute_s, samples FROM steps WHERE job_id = %s",
-        (job_id,)).fetchall() == [(7, 1, "train", 0.021, 0.004, 0.017, 32)]
+        "SELECT tid, step, epoch, phase, duration_s, data_wait_s, compute_s, samples FROM steps WHERE job_id = %s",
+        (job_id,)).fetchall() == [(4243, 7, 1, "train", 0.021, 0.004, 0.017, 32)]
     profile = db.execute("SELECT profile_id, step_start, step_end, summary, diagnosis, trace_gz FROM profiles"
                          " WHERE job_id = %s", (job_id,)).fetchone()
     assert profile[:5] == ("p1", 5, 8, {"top_ops": [{"name": "aten::mm"}]}, [{"rule": "input_bound"}])

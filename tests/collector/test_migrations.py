@@ -51,3 +51,18 @@ def test_every_big_table_carries_the_job_id(database_url: str) -> None:
         ).fetchall()
     with_job = {r[0] for r in rows}
     assert {"gpu_samples", "host_samples", "log_events", "metrics", "steps", "profiles", "job_summaries"} <= with_job
+
+
+def test_upgrade_keeps_rows_in_existing_partitions(empty_database_url: str) -> None:
+    """A later migration runs over a database that already holds partitions and data."""
+    migrate.upgrade(empty_database_url, "0001")
+    with psycopg.connect(empty_database_url, autocommit=True) as conn:
+        conn.execute("CREATE TABLE steps_p20261122 PARTITION OF steps"
+                     " FOR VALUES FROM ('2026-11-22 00:00+00') TO ('2026-11-23 00:00+00')")
+        conn.execute("INSERT INTO steps (cluster, job_id, ts, step, duration_s)"
+                     " VALUES ('c', 'j', '2026-11-22 12:00+00', 1, 0.02)")
+    migrate.upgrade(empty_database_url)
+    with psycopg.connect(empty_database_url) as conn:
+        assert conn.execute("SELECT step, tid FROM steps_p20261122").fetchall() == [(1, None)]
+    assert migrate.autogenerate_diff(empty_database_url) == []
+    migrate.downgrade(empty_database_url, "base")

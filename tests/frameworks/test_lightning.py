@@ -77,6 +77,10 @@ def test_fit_records_steps_metrics_logs_and_a_profile(
 
     names = {r[0] for r in rows(db, "SELECT DISTINCT name FROM metrics WHERE job_id = %s", job_id)}
     assert {"train_loss", "val_loss"} <= names
+    # Every record is tagged with its thread: steps and metrics too, not only log lines.
+    untagged = rows(db, "SELECT count(*) FROM steps WHERE job_id = %s AND (tid IS NULL OR pid IS NULL)"
+                        " UNION ALL SELECT count(*) FROM metrics WHERE job_id = %s AND tid IS NULL", job_id, job_id)
+    assert untagged == [(0,), (0,)]
 
     logs = rows(db, "SELECT logger, message, pid, tid, attrs FROM log_events WHERE job_id = %s", job_id)
     messages = [r[1] for r in logs]
