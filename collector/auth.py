@@ -156,6 +156,7 @@ class Authenticator:
                 if record["job"] != principal.job:
                     raise AuthError(403, f"record {index}: a job token of job {principal.job} "
                                          f"cannot write records of job {record['job']}")
+                _check_job_token_lifecycle(index, record)
             return
         registering = {
             r["job"] for r in batch.records if r["kind"] == "job_started" and r.get("node") == principal.node
@@ -184,3 +185,18 @@ def batch_jobs_to_check(principal: Principal, batch: Batch) -> list[str]:
     if principal.kind != "node":
         return []
     return sorted({r["job"] for r in batch.records})
+
+
+# What Slurm says about a job (who ran it, where, on what, for how long) comes from the
+# prolog and epilog, which hold node tokens. A job token is in the user's hands, so it may
+# add run metadata to its job but not rewrite the accounting that audits rely on.
+_JOB_TOKEN_MAY_SET = frozenset({"kind", "job", "ts", "node", "name", "demo", "attrs"})
+
+
+def _check_job_token_lifecycle(index: int, record: Mapping[str, object]) -> None:
+    if record["kind"] == "job_ended":
+        raise AuthError(403, f"record {index}: a job token cannot end its job (the epilog does)")
+    if record["kind"] == "job_started":
+        for field, value in record.items():
+            if value is not None and field not in _JOB_TOKEN_MAY_SET:
+                raise AuthError(403, f"record {index}: a job token cannot set the job's {field}")

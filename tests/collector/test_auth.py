@@ -73,6 +73,21 @@ def test_job_token_cannot_write_another_job(secret_client: Any, job_id: str, db:
     assert db.execute("SELECT count(*) FROM log_events WHERE job_id = ANY(%s)", ([job_id, other],)).fetchone()[0] == 0
 
 
+def test_job_token_adds_run_metadata_but_not_accounting(secret_client: Any, job_id: str, db: Any) -> None:
+    token = mint_job_token(SECRET, "default", job_id, 3600)
+    run = {"kind": "job_started", "job": job_id, "ts": now_us(), "node": "n1", "name": "fit", "attrs": {"lr": 0.1}}
+    assert post(secret_client, batch([run]), **bearer(token)).status_code == 200
+    assert db.execute("SELECT attrs FROM jobs WHERE job_id = %s", (job_id,)).fetchone()[0] == {"lr": 0.1}
+
+    relabel = {**run, "user": "somebody-else"}
+    response = post(secret_client, batch([log_record(job_id), relabel]), **bearer(token))
+    assert response.status_code == 403 and "record 1" in response.json()["detail"]["error"]
+    assert "user" in response.json()["detail"]["error"]
+    ended = {"kind": "job_ended", "job": job_id, "ts": now_us(), "exit_code": 0}
+    assert post(secret_client, batch([ended]), **bearer(token)).status_code == 403
+    assert db.execute("SELECT user_name, state FROM jobs WHERE job_id = %s", (job_id,)).fetchone() == (None, "running")
+
+
 def test_job_token_cannot_write_another_cluster(secret_client: Any, job_id: str) -> None:
     token = mint_job_token(SECRET, "default", job_id, 3600)
     response = post(secret_client, batch([log_record(job_id)], cluster="elsewhere"), **bearer(token))
