@@ -22,8 +22,12 @@ class SettingsError(RuntimeError):
     """A setting that cannot be used; the message names it."""
 
 
-class _TomlSection(PydanticBaseSettingsSource):
-    """Reads the ``[collector]`` table of the file named by ``JOBSIGHT_CONFIG``."""
+class TomlTableSource(PydanticBaseSettingsSource):
+    """Reads one table (``[collector]``, ``[dashboard]``) of the file named by ``JOBSIGHT_CONFIG``."""
+
+    def __init__(self, settings_cls: type[BaseSettings], table: str):
+        super().__init__(settings_cls)
+        self.table = table
 
     def get_field_value(self, field: Any, field_name: str) -> tuple[Any, str, bool]:
         return None, field_name, False
@@ -39,8 +43,16 @@ class _TomlSection(PydanticBaseSettingsSource):
             raise SettingsError(f"JOBSIGHT_CONFIG: cannot read {path}: {exc.strerror}") from exc
         except tomllib.TOMLDecodeError as exc:
             raise SettingsError(f"JOBSIGHT_CONFIG: {path} is not valid TOML: {exc}") from exc
-        section = data.get("collector", {})
+        section = data.get(self.table, {})
         return section if isinstance(section, dict) else {}
+
+
+def validation_message(component: str, env_prefix: str, exc: ValidationError) -> str:
+    """One line naming every bad variable, for a component that must not start with them."""
+    problems = "; ".join(
+        f"{env_prefix}{'_'.join(str(p) for p in err['loc']).upper()}: {err['msg']}" for err in exc.errors()
+    )
+    return f"invalid {component} settings: {problems}"
 
 
 class CollectorSettings(BaseSettings):
@@ -74,7 +86,7 @@ class CollectorSettings(BaseSettings):
         dotenv_settings: PydanticBaseSettingsSource,
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
-        return (init_settings, env_settings, _TomlSection(settings_cls))
+        return (init_settings, env_settings, TomlTableSource(settings_cls, "collector"))
 
     def resolved_admin_token_file(self) -> Path:
         return self.admin_token_file or self.data_dir / ADMIN_TOKEN_FILE
@@ -88,7 +100,4 @@ def load_collector_settings(**overrides: Any) -> CollectorSettings:
     try:
         return CollectorSettings(**overrides)
     except ValidationError as exc:
-        problems = "; ".join(
-            f"JOBSIGHT_{'_'.join(str(p) for p in err['loc']).upper()}: {err['msg']}" for err in exc.errors()
-        )
-        raise SettingsError(f"invalid collector settings: {problems}") from exc
+        raise SettingsError(validation_message("collector", "JOBSIGHT_", exc)) from exc

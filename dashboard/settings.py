@@ -7,35 +7,16 @@ reads; ``jobsight up`` sets it for the dashboard process.
 
 from __future__ import annotations
 
-import os
-import tomllib
 from typing import Annotated, Any, Literal
 
 from pydantic import Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, NoDecode, PydanticBaseSettingsSource, SettingsConfigDict
 
+from collector.settings import SettingsError, TomlTableSource, validation_message
+
+__all__ = ["DashboardSettings", "SettingsError", "load_dashboard_settings"]
+
 CommaList = Annotated[tuple[str, ...], NoDecode]
-
-
-class SettingsError(RuntimeError):
-    """A setting that cannot be used; the message names it."""
-
-
-class _TomlSection(PydanticBaseSettingsSource):
-    def get_field_value(self, field: Any, field_name: str) -> tuple[Any, str, bool]:
-        return None, field_name, False
-
-    def __call__(self) -> dict[str, Any]:
-        path = os.environ.get("JOBSIGHT_CONFIG")
-        if not path:
-            return {}
-        try:
-            with open(path, "rb") as handle:
-                data = tomllib.load(handle)
-        except (OSError, tomllib.TOMLDecodeError) as exc:
-            raise SettingsError(f"JOBSIGHT_CONFIG: cannot read {path}: {exc}") from exc
-        section = data.get("dashboard", {})
-        return section if isinstance(section, dict) else {}
 
 
 class DashboardSettings(BaseSettings):
@@ -79,7 +60,7 @@ class DashboardSettings(BaseSettings):
         dotenv_settings: PydanticBaseSettingsSource,
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
-        return (init_settings, env_settings, _TomlSection(settings_cls))
+        return (init_settings, env_settings, TomlTableSource(settings_cls, "dashboard"))
 
 
 def load_dashboard_settings(**overrides: Any) -> DashboardSettings:
@@ -87,7 +68,4 @@ def load_dashboard_settings(**overrides: Any) -> DashboardSettings:
     try:
         return DashboardSettings(**overrides)
     except ValidationError as exc:
-        problems = "; ".join(
-            f"JOBSIGHT_DASHBOARD_{'_'.join(str(p) for p in err['loc']).upper()}: {err['msg']}" for err in exc.errors()
-        )
-        raise SettingsError(f"invalid dashboard settings: {problems}") from exc
+        raise SettingsError(validation_message("dashboard", "JOBSIGHT_DASHBOARD_", exc)) from exc
