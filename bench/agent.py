@@ -18,12 +18,8 @@ import logging
 import logging.handlers
 import os
 import queue
-import subprocess
 import sys
-import tempfile
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +29,7 @@ sys.path.insert(0, str(REPO))
 from agent.settings import AgentSettings  # noqa: E402
 from agent.shipper import Shipper  # noqa: E402
 from agent.wire import now_us  # noqa: E402
+from bench.stack import running_stack  # noqa: E402
 
 
 def gpu_record(job: str, i: int) -> dict[str, Any]:
@@ -85,40 +82,6 @@ def bench_log_handler(settings: AgentSettings, calls: int) -> None:
     )
     shipper.flush(60)
     shipper.shutdown(5)
-
-
-def start_collector(work: Path) -> tuple[Any, subprocess.Popen[bytes], str, str]:
-    from collector import migrate
-    from collector.embedded_db import EmbeddedPostgres, free_port
-
-    server = EmbeddedPostgres(work / "pg")
-    server.start()
-    migrate.upgrade(server.url)
-    data_dir = work / "data"
-    port = free_port()
-    env = {
-        **os.environ,
-        "JOBSIGHT_DATABASE_URL": server.url,
-        "JOBSIGHT_DATA_DIR": str(data_dir),
-        "JOBSIGHT_PORT": str(port),
-    }
-    log = open(work / "collector.log", "ab")
-    process = subprocess.Popen(
-        [sys.executable, "-m", "agent.cli", "collector"], env=env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT
-    )
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while True:
-        if process.poll() is not None or time.monotonic() > deadline:
-            raise SystemExit(f"collector did not start: {(work / 'collector.log').read_text()[-2000:]}")
-        try:
-            with urllib.request.urlopen(f"{url}/readyz", timeout=1) as response:
-                if response.status == 200:
-                    break
-        except (urllib.error.URLError, OSError):
-            time.sleep(0.1)
-    token = (data_dir / "admin_token").read_text().strip()
-    return server, process, url, token
 
 
 def bench_shipper(settings: AgentSettings, records: int) -> None:
@@ -192,26 +155,20 @@ def main() -> None:
     parser.add_argument("--ticks", type=int, default=2000)
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
-    with tempfile.TemporaryDirectory(prefix="jobsight-bench-") as tmp:
-        work = Path(tmp)
-        server, collector, url, token = start_collector(work)
-        try:
-            settings = AgentSettings(
-                url=url,
-                token=token,
-                node="bench",
-                job_id="bench",
-                spool_dir=str(work / "spool"),
-                data_dir=str(work / "agent"),
-                queue_max=max(100_000, args.records + 10),
-            )
-            bench_log_handler(settings, args.log_calls)
-            bench_shipper(settings, args.records)
-            bench_nvml(args.ticks, work, settings)
-        finally:
-            collector.terminate()
-            collector.wait(30)
-            server.destroy()
+    with running_stack() as stack:
+        work = stack.work
+        settings = AgentSettings(
+            url=stack.url,
+            token=stack.token,
+            node="bench",
+            job_id="bench",
+            spool_dir=str(work / "spool"),
+            data_dir=str(work / "agent"),
+            queue_max=max(100_000, args.records + 10),
+        )
+        bench_log_handler(settings, args.log_calls)
+        bench_shipper(settings, args.records)
+        bench_nvml(args.ticks, work, settings)
 
 
 if __name__ == "__main__":

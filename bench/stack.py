@@ -10,7 +10,7 @@ import time
 import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from collector import migrate
@@ -24,36 +24,56 @@ class Stack:
     database_url: str
     url: str
     token: str
-    data_dir: Path
+    work: Path
+    """A scratch folder (0755) that is removed with the stack."""
+    secret_file: Path
+    """The cluster secret the collector was started with (for job and node tokens)."""
+    process: subprocess.Popen[bytes] | None = field(default=None, repr=False)
+
+    def stop_collector(self) -> None:
+        """Stop the collector, leaving the database up (to time what runs while it is away)."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            self.process.wait(timeout=30)
+        self.process = None
+
+
+def _wait_ready(url: str, process: subprocess.Popen[bytes], log: Path, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with urllib.request.urlopen(f"{url}/readyz", timeout=1):
+                return
+        except OSError:
+            if time.monotonic() > deadline or process.poll() is not None:
+                raise RuntimeError(f"collector did not start: {log.read_text()[-2000:]}") from None
+            time.sleep(0.2)
 
 
 @contextmanager
 def running_stack(workers: int = 1) -> Iterator[Stack]:
     with tempfile.TemporaryDirectory(prefix="jobsight-bench-") as tmp:
-        data_dir = Path(tmp)
-        os.chmod(data_dir, 0o755)
-        server = EmbeddedPostgres(data_dir / "postgres")
+        work = Path(tmp)
+        os.chmod(work, 0o755)  # the embedded server runs as its own user when we are root
+        server = EmbeddedPostgres(work / "postgres")
         database_url = server.start()
         migrate.upgrade(database_url)
+        secret = work / "cluster_secret"
+        secret.write_text(os.urandom(32).hex() + "\n")
+        secret.chmod(0o600)
         port = free_port()
-        env = {**os.environ, "JOBSIGHT_DATABASE_URL": database_url, "JOBSIGHT_DATA_DIR": str(data_dir),
-               "JOBSIGHT_PORT": str(port)}
-        process = subprocess.Popen([sys.executable, "-m", "agent.cli", "collector", "--workers", str(workers)],
-                                   env=env, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        env = {**os.environ, "JOBSIGHT_DATABASE_URL": database_url, "JOBSIGHT_DATA_DIR": str(work / "data"),
+               "JOBSIGHT_PORT": str(port), "JOBSIGHT_SECRET_FILE": str(secret)}
+        log = work / "collector.log"
+        with open(log, "ab") as out:
+            process = subprocess.Popen([sys.executable, "-m", "agent.cli", "collector", "--workers", str(workers)],
+                                       env=env, cwd=REPO, stdout=out, stderr=subprocess.STDOUT)
         url = f"http://127.0.0.1:{port}"
+        stack = Stack(database_url, url, "", work, secret, process)
         try:
-            deadline = time.monotonic() + 60
-            while True:
-                try:
-                    with urllib.request.urlopen(f"{url}/readyz", timeout=1):
-                        break
-                except OSError:
-                    if time.monotonic() > deadline or process.poll() is not None:
-                        raise RuntimeError("collector did not start") from None
-                    time.sleep(0.2)
-            token = (data_dir / "admin_token").read_text().strip()
-            yield Stack(database_url, url, token, data_dir)
+            _wait_ready(url, process, log)
+            stack.token = (work / "data" / "admin_token").read_text().strip()
+            yield stack
         finally:
-            process.terminate()
-            process.wait(timeout=30)
+            stack.stop_collector()
             server.destroy()
