@@ -5,20 +5,11 @@ Layout of ``<spool dir>``::
     <created_us:020d>-<pid>-<n:04d>.seg   segments, one writer process each
     rejected/<name>.json.gz + .meta.json  batches the collector refused (4xx)
 
-A segment is a 12-byte header (``b"JSSPOOL\\n"``, version u16, reserved u16)
-followed by records framed as ``length u32 | crc32 u32 | payload``; the payload is
-``seq u64 | records u32 | len(source) u16 | source | gzip body``. Each record is one
-already-encoded batch, so a replay sends it with its original ``(source, seq)``
-and the collector deduplicates it. All integers are big-endian.
-
-A segment is created under a dot-name with ``O_EXCL``, locked with ``flock``,
-given its header and only then renamed into place, so nobody sees a half-made
-one. The writer holds the lock until the segment is deleted (or the process
-dies), so two live processes never replay one segment; a segment whose lock can
-be taken belongs to nobody alive and is adopted. Replay reads segments in name
-(creation) order; a torn last record (crash mid-write) ends the segment quietly,
-a record with a bad checksum is skipped. A segment is deleted only once every
-batch in it has been acknowledged or set aside in ``rejected/``.
+How a segment's bytes are framed is :mod:`agent.spool_format`'s; how one is
+created, locked and adopted is :mod:`agent.spool_segments`'. Replay reads
+segments in name (creation) order; a torn last record (crash mid-write) ends the
+segment quietly, a record with a bad checksum is skipped. A segment is deleted
+only once every batch in it has been acknowledged or set aside in ``rejected/``.
 
 Appends are fsynced at most once per ``fsync_interval_s`` and when a segment is
 closed: a SIGKILL loses nothing (the page cache survives the process); a power
@@ -33,118 +24,20 @@ on disk is never thrown away, so a replay has no holes in the middle.
 from __future__ import annotations
 
 import errno
-import fcntl
 import json
 import logging
 import os
 import struct
 import time
-import zlib
-from collections import deque
-from dataclasses import dataclass, field
-from typing import Final, Protocol
+from typing import Final
+
+from agent.spool_format import FRAME, HEADER, SpooledBatch, decode_payload, encode_entry
+from agent.spool_segments import Segment, create_segment, open_orphan, remove_segment, remove_stale_temp
 
 log = logging.getLogger("jobsight.agent.spool")
 
-MAGIC: Final = b"JSSPOOL\n"
-VERSION: Final = 1
-HEADER: Final = struct.Struct(">8sHH")
-FRAME: Final = struct.Struct(">II")
-META: Final = struct.Struct(">QIH")
 SUFFIX: Final = ".seg"
 REJECTED_DIR: Final = "rejected"
-MAX_PAYLOAD: Final = 256 * 1024 * 1024
-
-
-@dataclass(frozen=True)
-class SpooledBatch:
-    source: str
-    seq: int
-    records: int
-    """How many records the batch holds (as the writer counted them)."""
-    body: bytes
-    """The gzip body, exactly as first encoded."""
-
-
-class BatchStore(Protocol):
-    """What the shipper needs from a spool; :class:`Spool` on disk, :class:`MemorySpool` without one."""
-
-    def append(self, source: str, seq: int, records: int, body: bytes) -> bool: ...
-    def peek(self) -> SpooledBatch | None: ...
-    def ack(self) -> None: ...
-    def reject(self, batch: SpooledBatch, status: int, detail: str) -> None: ...
-    def set_aside(self, batch: SpooledBatch, status: int, detail: str) -> None: ...
-    def pending(self) -> int: ...
-    def adopt(self) -> int: ...
-    def sync(self) -> None: ...
-    def close(self) -> None: ...
-    def abandon(self) -> None: ...
-
-
-def encode_entry(source: str, seq: int, records: int, body: bytes) -> bytes:
-    """One framed spool record."""
-    raw_source = source.encode()
-    payload = META.pack(seq, records, len(raw_source)) + raw_source + body
-    return FRAME.pack(len(payload), zlib.crc32(payload)) + payload
-
-
-def decode_payload(payload: bytes) -> SpooledBatch:
-    seq, records, source_len = META.unpack_from(payload)
-    start = META.size
-    source = payload[start : start + source_len].decode()
-    return SpooledBatch(source, seq, records, payload[start + source_len :])
-
-
-@dataclass
-class ScanResult:
-    entries: list[tuple[int, int]] = field(default_factory=list)
-    """(offset, length) of each good payload, in file order."""
-    torn: bool = False
-    corrupt: int = 0
-    end: int = 0
-    """Offset just past the last whole record."""
-
-
-def scan_segment(data: bytes) -> ScanResult | None:
-    """Index a segment's records; ``None`` when the header is not one this version reads."""
-    if len(data) < HEADER.size:
-        return None
-    magic, version, _ = HEADER.unpack_from(data)
-    if magic != MAGIC or version != VERSION:
-        return None
-    result = ScanResult(end=HEADER.size)
-    offset = HEADER.size
-    while offset < len(data):
-        if len(data) - offset < FRAME.size:
-            result.torn = True
-            break
-        length, crc = FRAME.unpack_from(data, offset)
-        start = offset + FRAME.size
-        if length > MAX_PAYLOAD or start + length > len(data):
-            # A crash mid-append (or a garbled length): nothing after it can be framed.
-            result.torn = True
-            break
-        if zlib.crc32(data[start : start + length]) == crc and length >= META.size:
-            result.entries.append((start, length))
-        else:
-            result.corrupt += 1
-        offset = start + length
-        result.end = offset
-    return result
-
-
-@dataclass
-class _Segment:
-    path: str
-    fd: int
-    entries: list[tuple[int, int]]
-    size: int
-    writable: bool
-    next: int = 0
-
-    @property
-    def name(self) -> str:
-        return os.path.basename(self.path)
 
 
 class Spool:
@@ -166,9 +59,9 @@ class Spool:
         self.segment_bytes = segment_bytes
         self.fsync_interval_s = fsync_interval_s
         os.makedirs(directory, mode=0o700, exist_ok=True)
-        self._segments: list[_Segment] = []
-        self._writer: _Segment | None = None
-        self._peeked: _Segment | None = None
+        self._segments: list[Segment] = []
+        self._writer: Segment | None = None
+        self._peeked: Segment | None = None
         self._counter = 0
         self._last_sync = time.monotonic()
         self._dirty = False
@@ -207,7 +100,7 @@ class Spool:
             self.sync()
         return True
 
-    def _cut_back(self, writer: _Segment) -> None:
+    def _cut_back(self, writer: Segment) -> None:
         # Drop a partial record so later appends stay framed, then stop writing here.
         try:
             os.ftruncate(writer.fd, writer.size)
@@ -215,32 +108,16 @@ class Spool:
             pass
         self._retire(writer)
 
-    def _new_segment(self) -> _Segment:
+    def _new_segment(self) -> Segment:
         self._counter += 1
         name = f"{time.time_ns() // 1000:020d}-{os.getpid()}-{self._counter:04d}{SUFFIX}"
-        final = os.path.join(self.directory, name)
-        temp = os.path.join(self.directory, f".{name}.tmp")
-        fd = os.open(temp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            os.write(fd, HEADER.pack(MAGIC, VERSION, 0))
-            os.fsync(fd)
-            os.rename(temp, final)
-            self._sync_dir()
-        except OSError:
-            os.close(fd)
-            try:
-                os.unlink(temp)
-            except OSError:
-                pass
-            raise
-        segment = _Segment(final, fd, [], HEADER.size, writable=True)
+        segment = create_segment(self.directory, name)
         self._segments.append(segment)
         self._writer = segment
         self._others_bytes = self._foreign_bytes()
         return segment
 
-    def _retire(self, segment: _Segment) -> None:
+    def _retire(self, segment: Segment) -> None:
         if segment.writable:
             segment.writable = False
             self._fsync(segment)
@@ -255,24 +132,12 @@ class Spool:
             self._fsync(self._writer)
         self._last_sync = time.monotonic()
 
-    def _fsync(self, segment: _Segment) -> None:
+    def _fsync(self, segment: Segment) -> None:
         try:
             os.fsync(segment.fd)
         except OSError as exc:
             log.warning("jobsight: fsync of %s failed: %s", segment.path, exc)
         self._dirty = False
-
-    def _sync_dir(self) -> None:
-        try:
-            fd = os.open(self.directory, os.O_RDONLY)
-        except OSError:
-            return
-        try:
-            os.fsync(fd)
-        except OSError:
-            pass
-        finally:
-            os.close(fd)
 
     # -- reading -------------------------------------------------------------
 
@@ -349,7 +214,7 @@ class Spool:
         for name in names:
             path = os.path.join(self.directory, name)
             if name.startswith(".") and name.endswith(".tmp"):
-                self._remove_stale_temp(path)
+                remove_stale_temp(path)
                 continue
             if not name.endswith(SUFFIX) or name in mine:
                 continue
@@ -363,60 +228,18 @@ class Spool:
         self._others_bytes = self._foreign_bytes()
         return added
 
-    def _try_adopt(self, path: str) -> _Segment | None:
-        try:
-            fd = os.open(path, os.O_RDONLY)
-        except OSError:
+    def _try_adopt(self, path: str) -> Segment | None:
+        segment = open_orphan(path)
+        if segment is None:
             return None
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            os.close(fd)  # its writer is alive
-            return None
-        try:
-            if os.fstat(fd).st_nlink == 0:
-                raise FileNotFoundError(path)  # deleted by its owner just before we locked it
-            data = _read_all(fd)
-        except OSError:
-            os.close(fd)
-            return None
-        scan = scan_segment(data)
-        if scan is None:
-            log.warning("jobsight: leaving %s alone: not a version %d spool segment", path, VERSION)
-            os.close(fd)
-            return None
-        if scan.corrupt:
-            log.warning("jobsight: %d corrupt record(s) skipped in %s", scan.corrupt, path)
-            self.corrupt_records += scan.corrupt
-        segment = _Segment(path, fd, scan.entries, len(data), writable=False)
+        self.corrupt_records += segment.corrupt
         if not segment.entries:
             self._delete(segment)
             return None
         return segment
 
-    def _remove_stale_temp(self, path: str) -> None:
-        try:
-            fd = os.open(path, os.O_RDONLY)
-        except OSError:
-            return
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            os.unlink(path)
-        except OSError:
-            pass
-        finally:
-            os.close(fd)
-
-    def _delete(self, segment: _Segment) -> None:
-        # Unlink before unlocking, so nobody adopts a segment that is done.
-        try:
-            os.unlink(segment.path)
-        except OSError:
-            pass
-        try:
-            os.close(segment.fd)
-        except OSError:
-            pass
+    def _delete(self, segment: Segment) -> None:
+        remove_segment(segment)
         if segment in self._segments:
             self._segments.remove(segment)
         if self._writer is segment:
@@ -468,59 +291,3 @@ class Spool:
                 pass
         self._segments.clear()
         self._writer = None
-
-
-def _read_all(fd: int) -> bytes:
-    chunks: list[bytes] = []
-    offset = 0
-    while True:
-        chunk = os.pread(fd, 1 << 20, offset)
-        if not chunk:
-            return b"".join(chunks)
-        chunks.append(chunk)
-        offset += len(chunk)
-
-
-class MemorySpool:
-    """The fallback when the spool directory cannot be used: same contract, lost at exit."""
-
-    def __init__(self, max_bytes: int) -> None:
-        self.max_bytes = max_bytes
-        self._items: deque[SpooledBatch] = deque()
-        self._bytes = 0
-
-    def append(self, source: str, seq: int, records: int, body: bytes) -> bool:
-        if self._bytes + len(body) > self.max_bytes:
-            return False
-        self._items.append(SpooledBatch(source, seq, records, body))
-        self._bytes += len(body)
-        return True
-
-    def peek(self) -> SpooledBatch | None:
-        return self._items[0] if self._items else None
-
-    def ack(self) -> None:
-        if self._items:
-            self._bytes -= len(self._items.popleft().body)
-
-    def reject(self, batch: SpooledBatch, status: int, detail: str) -> None:
-        self.ack()
-
-    def set_aside(self, batch: SpooledBatch, status: int, detail: str) -> None:
-        pass
-
-    def pending(self) -> int:
-        return len(self._items)
-
-    def adopt(self) -> int:
-        return 0
-
-    def sync(self) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
-
-    def abandon(self) -> None:
-        self._items.clear()
-        self._bytes = 0

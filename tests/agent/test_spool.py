@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from agent.spool import FRAME, HEADER, MAGIC, REJECTED_DIR, SUFFIX, Spool, SpooledBatch, encode_entry
+from agent.spool import REJECTED_DIR, SUFFIX, Spool
+from agent.spool_format import FRAME, HEADER, MAGIC, SpooledBatch, encode_entry
 
 
 def _segments(directory: Path) -> list[Path]:
