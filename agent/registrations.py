@@ -25,11 +25,12 @@ import json
 import logging
 import os
 import re
-import tempfile
 import threading
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Final
+
+from agent.atomic_files import write_atomically
 
 log = logging.getLogger("jobsight.agent.registrations")
 
@@ -176,19 +177,7 @@ def write_registration(directory: str | os.PathLike[str], registration: Registra
     """
     target = registration_path(directory, registration.job_id)
     target.parent.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
-    # A dot-name never matches "*.json" readers, so a half-written file is never read.
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{registration.job_id}.", suffix=".tmp")
-    try:
-        os.fchmod(fd, FILE_MODE)
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(registration.to_json())
-        os.replace(tmp, target)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    write_atomically(target, registration.to_json(), FILE_MODE)
     return target
 
 

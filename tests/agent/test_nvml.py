@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 
 from agent import wire
-from agent.nvml import GpuReading, NvmlSampler, NvmlUnavailable, visible_gpu_indices
+from agent.gpu_reading import GpuReading, visible_gpu_indices
+from agent.nvml import NvmlSampler, NvmlUnavailable
 
 ROOT = Path(__file__).resolve().parents[2]
 FAKE_DIR = ROOT / "tests" / "fake_nvml"

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from agent.diagnosis import diagnose
-from agent.profiling import breakdown, summarize
+from agent.profile_summary import breakdown, summarize
 
 torch = pytest.importorskip("torch")
 
