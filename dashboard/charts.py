@@ -27,7 +27,7 @@ def _scale(domain: Domain) -> alt.Scale:
 
 
 def _x(domain: Domain, title: str | None = None) -> alt.X:
-    return alt.X("bucket:T", title=title, scale=_scale(domain))
+    return alt.X("bucket:T", title=title, scale=_scale(domain), axis=alt.Axis(format="%H:%M", labelOverlap=True))
 
 
 def gpu_frame(series: pd.DataFrame) -> pd.DataFrame:
@@ -80,7 +80,7 @@ def gpu_heatmap(frame: pd.DataFrame, domain: Domain) -> alt.Chart:
     order = sorted(frame["gpu"].unique(), key=lambda g: (g.rsplit(":", 1)[0], int(g.rsplit(":", 1)[1] or 0)))
     return alt.Chart(cells).mark_rect().encode(
         # One band per time bucket (ordinal): the buckets are already one per pixel column or so.
-        x=alt.X("utcyearmonthdatehoursminutesseconds(bucket):O", title=None,
+        x=alt.X("yearmonthdatehoursminutesseconds(bucket):O", title=None,
                 axis=alt.Axis(labelOverlap=True, format="%H:%M", labelAngle=0)),
         y=alt.Y("gpu:N", sort=order, title=None, axis=alt.Axis(labelOverlap=True, labelFontSize=9)),
         color=alt.Color("util_gpu:Q", title="util %", scale=alt.Scale(domain=[0, 100], scheme="viridis")),
@@ -121,7 +121,8 @@ def step_chart(steps: pd.DataFrame, stragglers: list[int], domain: Domain,
 def metric_chart(frame: pd.DataFrame, name: str, domain: Domain) -> alt.Chart:
     data = frame[frame["name"] == name].assign(rank=lambda f: f["rank"].fillna(-1).astype(int))
     return alt.Chart(data).mark_line().encode(
-        x=alt.X("bucket:T", title=None), y=alt.Y("value:Q", title=name, scale=alt.Scale(zero=False)),
+        x=alt.X("bucket:T", title=None, axis=alt.Axis(format="%H:%M", labelOverlap=True)),
+        y=alt.Y("value:Q", title=name, scale=alt.Scale(zero=False)),
         color=alt.Color("rank:N"),
         tooltip=["rank:N", "bucket:T", "step:Q", alt.Tooltip("value:Q", format=".4g")],
     ).properties(height=180, title=name)
@@ -141,3 +142,4 @@ def trend_chart(trend: pd.DataFrame) -> alt.Chart:
     return alt.Chart(long).mark_line(point=True).encode(
         x=alt.X("day:T", title=None), y=alt.Y("hours:Q", title="GPU-hours"), color="series:N",
         tooltip=["day:T", "series:N", alt.Tooltip("hours:Q", format=".1f")])
+

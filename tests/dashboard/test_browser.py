@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 import time
@@ -23,7 +24,10 @@ CHROMIUM, CHROMEDRIVER = shutil.which("chromium"), shutil.which("chromedriver")
 @pytest.fixture
 def browser() -> object:
     if not (CHROMIUM and CHROMEDRIVER):
-        pytest.skip("needs Debian's chromium and chromium-driver (apt-get install chromium chromium-driver)")
+        reason = "needs Debian's chromium and chromium-driver (apt-get install chromium chromium-driver)"
+        if os.environ.get("JOBSIGHT_REQUIRE_BROWSER") == "1":
+            pytest.fail(f"JOBSIGHT_REQUIRE_BROWSER=1 but the test {reason}")
+        pytest.skip(reason)
     webdriver = pytest.importorskip("selenium.webdriver")
     from selenium.webdriver.chrome.service import Service
 
