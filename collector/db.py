@@ -32,7 +32,8 @@ def open_pool(database_url: str, size: int) -> ConnectionPool[Connection]:
         open=False,
         timeout=5.0,
         kwargs={"row_factory": dict_row, "connect_timeout": 5},
-        check=ConnectionPool.check_connection,
+        # No check on every checkout (a round trip per request): a connection broken by a
+        # database restart fails its request with 503, is discarded, and the retry gets a new one.
         reconnect_timeout=0,
     )
     pool.open(wait=False)

@@ -6,15 +6,16 @@ import time
 import zlib
 from typing import Any
 
+import orjson
 from fastapi import APIRouter, Request
 from fastapi.concurrency import run_in_threadpool
 
-from agent.wire import Batch, WireError, decode_batch
+from agent.wire import Batch, WireError, decode_batch, loads_batch
 from collector import ingest, queries
 from collector.auth import batch_jobs_to_check
 from collector.db import autocommit_connection, unit_of_work
 from collector.deps import Auth, CurrentPrincipal, Keeper, Metrics, Pool, Settings
-from collector.errors import BodyTooLarge, BadBody
+from collector.errors import BadBody, BodyTooLarge
 
 router = APIRouter()
 
@@ -32,6 +33,15 @@ async def read_body(request: Request, limit: int) -> bytes:
             raise BodyTooLarge(f"body is over the limit of {limit} bytes")
         chunks.append(chunk)
     return b"".join(chunks)
+
+
+def parse_json(raw: bytes) -> Any:
+    """orjson for speed; on a body it refuses, the standard library, which parses NaN and
+    Infinity so that validation can name the record and field that hold them."""
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return loads_batch(raw)
 
 
 def decompress(body: bytes, encoding: str | None, limit: int) -> bytes:
@@ -58,7 +68,9 @@ def _job_nodes(pool: Any, cluster: str, job_ids: list[str]) -> dict[str, list[st
 
 
 def _store(pool: Any, keeper: Any, batch: Batch, prepared: ingest.PreparedBatch) -> bool:
-    if prepared.days:
+    # Partition DDL needs its own autocommit connection; almost every batch lands in days
+    # whose partitions exist already, so ask the keeper before taking one.
+    if any(keeper.missing(table, days) for table, days in prepared.days.items()):
         with autocommit_connection(pool) as conn:
             ingest.ensure_partitions(conn, keeper, prepared)
     with unit_of_work(pool) as conn:
@@ -81,7 +93,7 @@ async def post_ingest(
     body = await read_body(request, settings.max_body_bytes)
     raw = decompress(body, request.headers.get("content-encoding"), settings.max_decompressed_bytes)
     try:
-        batch = decode_batch(raw)
+        batch = decode_batch(raw, loads=parse_json)
         prepared = ingest.prepare(batch)
     except WireError as exc:
         if exc.record is None and exc.field is None:
