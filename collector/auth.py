@@ -170,10 +170,13 @@ class Authenticator:
             if nodes and principal.node not in nodes and job not in registering:
                 raise AuthError(403, f"record {index}: job {job} is not registered on node {principal.node}")
 
-    def authorize_read(self, principal: Principal, job: str | None = None) -> None:
+    def authorize_read(self, principal: Principal, job: str | None = None, cluster: str | None = None) -> None:
+        """Raise :class:`AuthError` unless ``principal`` may read ``job`` of ``cluster``
+        (``job=None``: the job list; ``cluster=None``: the caller did not resolve one)."""
         if principal.kind == "admin":
             return
-        if principal.kind == "job" and job is not None and job == principal.job:
+        same_cluster = cluster is None or cluster == principal.cluster
+        if principal.kind == "job" and job is not None and job == principal.job and same_cluster:
             return
         if principal.kind == "job":
             raise AuthError(403, f"a job token of job {principal.job} can read only that job")

@@ -64,9 +64,10 @@ def _job_or_404(conn: Any, cluster: str, job_id: str) -> dict[str, Any]:
 def get_job(
     job_id: str, pool: Pool, settings: Settings, principal: CurrentPrincipal, auth: Auth, cluster: Cluster = None
 ) -> dict[str, Any]:
-    auth.authorize_read(principal, job_id)
+    cluster = cluster or settings.cluster
+    auth.authorize_read(principal, job_id, cluster)
     with unit_of_work(pool) as conn:
-        return _job_or_404(conn, cluster or settings.cluster, job_id)
+        return _job_or_404(conn, cluster, job_id)
 
 
 @router.get("/{job_id}/gpu")
@@ -82,8 +83,8 @@ def get_gpu(
     points: Points = 500,
 ) -> dict[str, Any]:
     """GPU samples downsampled in SQL: at most ``points`` buckets per GPU."""
-    auth.authorize_read(principal, job_id)
     cluster = cluster or settings.cluster
+    auth.authorize_read(principal, job_id, cluster)
     with unit_of_work(pool) as conn:
         _job_or_404(conn, cluster, job_id)
         rows = queries.gpu_series(conn, cluster, job_id, start=start, end=end, points=points)
@@ -104,8 +105,8 @@ def get_metrics(
     end: End = None,
     points: Points = 500,
 ) -> dict[str, Any]:
-    auth.authorize_read(principal, job_id)
     cluster = cluster or settings.cluster
+    auth.authorize_read(principal, job_id, cluster)
     with unit_of_work(pool) as conn:
         _job_or_404(conn, cluster, job_id)
         rows = queries.metric_series(conn, cluster, job_id, name=name, rank=rank, start=start, end=end, points=points)
@@ -124,8 +125,8 @@ def get_steps(
     end: End = None,
     points: Points = 500,
 ) -> dict[str, Any]:
-    auth.authorize_read(principal, job_id)
     cluster = cluster or settings.cluster
+    auth.authorize_read(principal, job_id, cluster)
     with unit_of_work(pool) as conn:
         _job_or_404(conn, cluster, job_id)
         rows = queries.step_series(conn, cluster, job_id, start=start, end=end, points=points)
@@ -150,8 +151,8 @@ def get_logs(
     limit: Annotated[int, Query(ge=1, le=queries.MAX_PAGE)] = 200,
     offset: Annotated[int, Query(ge=0)] = 0,
 ) -> dict[str, Any]:
-    auth.authorize_read(principal, job_id)
     cluster = cluster or settings.cluster
+    auth.authorize_read(principal, job_id, cluster)
     with unit_of_work(pool) as conn:
         _job_or_404(conn, cluster, job_id)
         rows = queries.log_events(

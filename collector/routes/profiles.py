@@ -74,8 +74,8 @@ def create_profile_request(
     cluster: Cluster = None,
 ) -> dict[str, Any]:
     """Ask the job to profile its next ``steps`` steps on ``ranks``; agents pick it up within seconds."""
-    auth.authorize_read(principal, job_id)
     cluster = _cluster(principal, settings, cluster)
+    auth.authorize_read(principal, job_id, cluster)
     with unit_of_work(pool) as conn:
         _job_or_404(conn, cluster, job_id)
         request_id = profile_queries.request_profile(
@@ -89,8 +89,8 @@ def list_profile_requests(
     job_id: str, pool: Pool, settings: Settings, principal: CurrentPrincipal, auth: Auth, cluster: Cluster = None,
     limit: Annotated[int, Query(ge=1, le=200)] = 20,
 ) -> dict[str, Any]:
-    auth.authorize_read(principal, job_id)
     cluster = _cluster(principal, settings, cluster)
+    auth.authorize_read(principal, job_id, cluster)
     with unit_of_work(pool) as conn:
         _job_or_404(conn, cluster, job_id)
         _expire_pending(conn, cluster, job_id)
@@ -105,8 +105,8 @@ def get_directives(
     cluster: Cluster = None,
 ) -> dict[str, Any]:
     """What an agent should do now: open profile requests addressed to ``rank`` (one indexed query)."""
-    auth.authorize_read(principal, job)
     cluster = _cluster(principal, settings, cluster)
+    auth.authorize_read(principal, job, cluster)
     with unit_of_work(pool) as conn:
         rows = conn.execute(
             """SELECT id, steps, ranks, state FROM profile_requests
@@ -131,7 +131,7 @@ def set_request_state(
         ).fetchone()
         if row is None:
             raise NotFound(f"profile request {request_id} not found")
-        auth.authorize_read(principal, row["job_id"])
+        auth.authorize_read(principal, row["job_id"], row["cluster"])
         current = row["state"]
         if body.state != current:
             if body.state not in _TRANSITIONS[current]:
@@ -150,8 +150,8 @@ def list_profiles(
     limit: Annotated[int, Query(ge=1, le=1000)] = 50,
 ) -> dict[str, Any]:
     """The job's profiles, newest first, with summary and diagnosis; ``trace_url`` when a trace was kept."""
-    auth.authorize_read(principal, job_id)
     cluster = _cluster(principal, settings, cluster)
+    auth.authorize_read(principal, job_id, cluster)
     with unit_of_work(pool) as conn:
         _job_or_404(conn, cluster, job_id)
         rows = profile_queries.list_profiles(conn, cluster, job_id, limit=limit)
@@ -168,8 +168,8 @@ def download_trace(
 ) -> Response:
     """The Chrome/Kineto trace, as a file Perfetto, TensorBoard (profile plugin) and
     Holistic Trace Analysis open: ``<job>.rank<r>.<profile>.pt.trace.json[.gz]``."""
-    auth.authorize_read(principal, job_id)
     cluster = _cluster(principal, settings, cluster)
+    auth.authorize_read(principal, job_id, cluster)
     with unit_of_work(pool) as conn:
         blob = profile_queries.profile_trace(conn, cluster, job_id, profile_row_id)
         meta = conn.execute("SELECT rank, profile_id FROM profiles WHERE id = %s", (profile_row_id,)).fetchone()
@@ -192,8 +192,8 @@ def job_diagnosis(
 ) -> dict[str, Any]:
     """Hints over the whole job: its recent steps on every rank (input-bound, straggler), its GPU
     samples (idle GPU, memory) and the hints stored with its latest profile of each rank."""
-    auth.authorize_read(principal, job_id)
     cluster = _cluster(principal, settings, cluster)
+    auth.authorize_read(principal, job_id, cluster)
     with unit_of_work(pool) as conn:
         _job_or_404(conn, cluster, job_id)
         steps = conn.execute(

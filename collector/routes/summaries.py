@@ -27,8 +27,8 @@ def get_summary(
     """The stored summary of an ended job (``final: true``), or one computed now from the
     rows so far for a job still running (``final: false``, not stored), with the link to
     the job's dashboard page."""
-    auth.authorize_read(principal, job_id)
     cluster = cluster or settings.cluster
+    auth.authorize_read(principal, job_id, cluster)
     link = f"{settings.dashboard_url.rstrip('/')}/job?{urlencode({'cluster': cluster, 'job': job_id})}"
     with unit_of_work(pool) as conn:
         row = summaries.get_summary(conn, cluster, job_id)

@@ -176,6 +176,9 @@ def test_reads_with_job_and_node_tokens(secret_client: Any, job_id: str, admin_t
     refused = secret_client.get(f"/v1/jobs/{other}", headers=own)
     assert refused.status_code == 403 and "only that job" in refused.json()["detail"]["error"]
     assert secret_client.get("/v1/jobs", headers=own).status_code == 403
+    # The same job id in another cluster is another job.
+    assert secret_client.get(f"/v1/jobs/{job_id}", params={"cluster": "other"}, headers=own).status_code == 403
+    assert secret_client.get(f"/v1/jobs/{job_id}/logs", params={"cluster": "other"}, headers=own).status_code == 403
     node = bearer(mint_node_token(SECRET, "default", "n1"))
     assert secret_client.get(f"/v1/jobs/{job_id}", headers=node).status_code == 403
 
