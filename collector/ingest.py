@@ -22,7 +22,7 @@ from collector.partitions import PartitionKeeper
 from collector.schema import gpu_samples, host_samples, log_events, metrics, steps
 from collector.summaries import refresh_ended
 
-EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
+EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 
 # PostgreSQL type names for binary COPY, by SQLAlchemy column type name.
 _PG_TYPES = {

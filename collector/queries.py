@@ -53,7 +53,8 @@ def list_jobs(
     """
     where = ["true"]
     params: dict[str, Any] = {}
-    for column, value in (("j.cluster", cluster), ("j.user_name", user), ("j.state", state), ("j.partition", partition)):
+    filters = (("j.cluster", cluster), ("j.user_name", user), ("j.state", state), ("j.partition", partition))
+    for column, value in filters:
         if value is not None:
             key = column.split(".")[1]
             where.append(f"{column} = %({key})s")
@@ -222,7 +223,13 @@ def step_series(
              AND coalesce(phase, 'train') = 'train'
            GROUP BY rank, bucket
            ORDER BY rank NULLS FIRST, bucket""",
-        {"width": window.bucket_seconds(points), "origin": window.start, "end": window.end, "job": job_id, "cluster": cluster},
+        {
+            "width": window.bucket_seconds(points),
+            "origin": window.start,
+            "end": window.end,
+            "job": job_id,
+            "cluster": cluster,
+        },
     ).fetchall()
 
 
