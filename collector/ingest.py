@@ -19,6 +19,7 @@ from psycopg.types.json import Jsonb
 from agent.wire import Batch, WireError
 from collector.db import Connection
 from collector.partitions import PartitionKeeper
+from collector.rollup import MinuteRollup, upsert_minutes
 from collector.schema import gpu_samples, host_samples, log_events, metrics, steps
 from collector.summaries import refresh_ended
 
@@ -73,6 +74,7 @@ class PreparedBatch:
     job_ended: list[dict[str, Any]] = field(default_factory=list)
     profiles: list[dict[str, Any]] = field(default_factory=list)
     counts: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    minutes: MinuteRollup = field(default_factory=MinuteRollup)
 
 
 def _row(table: Any, cluster: str, record: dict[str, Any], ts: dt.datetime) -> tuple[Any, ...]:
@@ -124,12 +126,16 @@ def prepare(batch: Batch) -> PreparedBatch:
             source = _dropped_as_log(record) if kind == "dropped" else record
             prepared.rows[table.name].append(_row(table, batch.cluster, source, ts))
             prepared.days[table.name].add(ts.date())
+            if kind == "gpu_sample":
+                prepared.minutes.add(record, ts)
         elif kind == "job_started":
             prepared.job_started.append({**record, "ts": ts})
         elif kind == "job_ended":
             prepared.job_ended.append({**record, "ts": ts})
         elif kind == "profile":
             prepared.profiles.append({**record, "ts": ts, "trace_gz": _decode_trace(record, index)})
+    if prepared.minutes.sums:
+        prepared.days["gpu_minutes"] = prepared.minutes.days()
     return prepared
 
 
@@ -166,6 +172,7 @@ def store(conn: Connection, batch: Batch, prepared: PreparedBatch) -> bool:
                 copy.set_types(COPY_TYPES[table_name])
                 for row in rows:
                     copy.write_row(row)
+    upsert_minutes(conn, batch.cluster, prepared.minutes)
     for record in prepared.profiles:
         _profile(conn, batch.cluster, record)
     for record in prepared.job_ended:

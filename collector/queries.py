@@ -118,6 +118,11 @@ def _resolve_range(
     return TimeRange(start or found.start, end or found.end)
 
 
+# Buckets at least this wide read the per-minute rollup: each then holds two or more
+# whole minutes, so no bucket is left empty by the coarser grain.
+ROLLUP_MIN_BUCKET_S = 120.0
+
+
 def gpu_series(
     conn: Connection,
     cluster: str,
@@ -128,22 +133,31 @@ def gpu_series(
     points: int = 500,
 ) -> list[dict[str, Any]]:
     """Per GPU (node, index, MIG device) and time bucket: mean utilisation, max memory,
-    mean power and temperature. At most ``points`` buckets per GPU."""
+    mean power and temperature. At most ``points`` buckets per GPU.
+
+    Wide buckets come from ``gpu_minutes`` (a 24-hour job never reads its raw samples);
+    a job with no rollup rows (ingested before the rollup existed) reads the samples.
+    """
     points = min(max(points, 1), MAX_POINTS)
     window = _resolve_range(conn, "gpu_samples", cluster, job_id, start, end)
     if window is None:
         return []
+    minute_window = TimeRange(window.start.replace(second=0, microsecond=0), window.end)
+    if minute_window.bucket_seconds(points) >= ROLLUP_MIN_BUCKET_S:
+        rows = conn.execute(
+            _GPU_FROM_MINUTES,
+            {
+                "width": minute_window.bucket_seconds(points),
+                "origin": minute_window.start,
+                "end": window.end,
+                "job": job_id,
+                "cluster": cluster,
+            },
+        ).fetchall()
+        if rows:
+            return rows
     return conn.execute(
-        """SELECT node, gpu_index, gpu_uuid, mig_uuid,
-                  date_bin(make_interval(secs => %(width)s), ts, %(origin)s) AS bucket,
-                  avg(util_gpu) AS util_gpu, avg(util_mem) AS util_mem,
-                  max(mem_used) AS mem_used, max(mem_total) AS mem_total,
-                  avg(power_w) AS power_w, avg(temp_c) AS temp_c, max(energy_j) AS energy_j,
-                  bool_or(lost) AS lost, count(*) AS samples
-           FROM gpu_samples
-           WHERE job_id = %(job)s AND cluster = %(cluster)s AND ts >= %(origin)s AND ts <= %(end)s
-           GROUP BY node, gpu_index, gpu_uuid, mig_uuid, bucket
-           ORDER BY node, gpu_index, mig_uuid NULLS FIRST, bucket""",
+        _GPU_FROM_SAMPLES,
         {
             "width": window.bucket_seconds(points),
             "origin": window.start,
@@ -152,6 +166,34 @@ def gpu_series(
             "cluster": cluster,
         },
     ).fetchall()
+
+
+_GPU_FROM_SAMPLES = """
+SELECT node, gpu_index, gpu_uuid, mig_uuid,
+       date_bin(make_interval(secs => %(width)s), ts, %(origin)s) AS bucket,
+       avg(util_gpu) AS util_gpu, avg(util_mem) AS util_mem,
+       max(mem_used) AS mem_used, max(mem_total) AS mem_total,
+       avg(power_w) AS power_w, avg(temp_c) AS temp_c, max(energy_j) AS energy_j,
+       bool_or(lost) AS lost, count(*) AS samples
+FROM gpu_samples
+WHERE job_id = %(job)s AND cluster = %(cluster)s AND ts >= %(origin)s AND ts <= %(end)s
+GROUP BY node, gpu_index, gpu_uuid, mig_uuid, bucket
+ORDER BY node, gpu_index, mig_uuid NULLS FIRST, bucket
+"""
+
+_GPU_FROM_MINUTES = """
+SELECT nullif(node, '') AS node, gpu_index, min(gpu_uuid) AS gpu_uuid, nullif(mig_uuid, '') AS mig_uuid,
+       date_bin(make_interval(secs => %(width)s), ts, %(origin)s) AS bucket,
+       sum(util_gpu_sum) / nullif(sum(util_gpu_n), 0) AS util_gpu,
+       sum(util_mem_sum) / nullif(sum(util_mem_n), 0) AS util_mem,
+       max(mem_used_max) AS mem_used, max(mem_total_max) AS mem_total,
+       sum(power_sum) / nullif(sum(power_n), 0) AS power_w, sum(temp_sum) / nullif(sum(temp_n), 0) AS temp_c,
+       max(energy_max) AS energy_j, bool_or(lost) AS lost, sum(samples) AS samples
+FROM gpu_minutes
+WHERE job_id = %(job)s AND cluster = %(cluster)s AND ts >= %(origin)s AND ts <= %(end)s
+GROUP BY node, gpu_index, mig_uuid, bucket
+ORDER BY node, gpu_index, mig_uuid, bucket
+"""
 
 
 def metric_series(

@@ -111,6 +111,38 @@ gpu_samples = Table(
     postgresql_partition_by=PARTITION_BY,
 )
 
+# Per GPU and wall-clock minute, sums and extremes of gpu_samples, kept up to date at
+# ingest. A chart whose buckets are minutes or wider reads this instead of every sample:
+# a 64-GPU, 24-hour job is 92 k rows here against 5.5 M at 1 Hz. Sums and counts (not
+# means) so that batches arriving in any order add up to the same row.
+gpu_minutes = Table(
+    "gpu_minutes",
+    metadata,
+    Column("cluster", Text, nullable=False),
+    Column("job_id", Text, nullable=False),
+    Column("ts", TS, nullable=False),
+    Column("node", Text, nullable=False, server_default=text("''")),
+    Column("gpu_index", SmallInteger, nullable=False),
+    Column("mig_uuid", Text, nullable=False, server_default=text("''")),
+    Column("gpu_uuid", Text, nullable=False),
+    Column("samples", Integer, nullable=False),
+    Column("util_gpu_sum", Double, nullable=False),
+    Column("util_gpu_n", Integer, nullable=False),
+    Column("util_gpu_max", Float),
+    Column("util_mem_sum", Double, nullable=False),
+    Column("util_mem_n", Integer, nullable=False),
+    Column("mem_used_max", BigInteger),
+    Column("mem_total_max", BigInteger),
+    Column("power_sum", Double, nullable=False),
+    Column("power_n", Integer, nullable=False),
+    Column("temp_sum", Double, nullable=False),
+    Column("temp_n", Integer, nullable=False),
+    Column("energy_max", Double),
+    Column("lost", Boolean, nullable=False),
+    Index("uq_gpu_minutes_key", "job_id", "cluster", "node", "gpu_index", "mig_uuid", "ts", unique=True),
+    postgresql_partition_by=PARTITION_BY,
+)
+
 host_samples = Table(
     "host_samples",
     metadata,
@@ -239,7 +271,7 @@ profile_requests = Table(
     Index(None, "job_id", "state"),
 )
 
-PARTITIONED_TABLES = ("gpu_samples", "host_samples", "log_events", "metrics", "steps")
+PARTITIONED_TABLES = ("gpu_samples", "gpu_minutes", "host_samples", "log_events", "metrics", "steps")
 
 _PARTITION_NAME = re.compile(r"_p\d{8}$")
 

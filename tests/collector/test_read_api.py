@@ -113,3 +113,44 @@ def test_metrics_and_logs_filters(client: Any, job_id: str) -> None:
     # LIKE wildcards in the search text are matched literally.
     assert messages(text="100%") == ["slow dataloader 100%"]
     assert messages(text="%") == ["slow dataloader 100%"]
+
+
+def test_wide_buckets_read_the_minute_rollup_and_agree_with_the_samples(
+    client: Any, db: psycopg.Connection[Any], job_id: str
+) -> None:
+    start = (now_us() - 5 * HOUR_US) // 60_000_000 * 60_000_000 + 17_000_000  # not on a minute edge
+    records = [
+        {"kind": "gpu_sample", "job": job_id, "ts": start + s * 5_000_000, "node": "n1", "gpu_index": g,
+         "gpu_uuid": f"GPU-{g}", "util_gpu": float((s * 7 + g) % 101), "power_w": 100.0 + s % 50,
+         "mem_used": s * 1000, "energy_j": 10.0 * s}
+        for g in range(2) for s in range(2 * 720)  # two hours at 0.2 Hz
+    ]
+    # Batches arrive out of order and one is replayed: the rollup must not care.
+    chunks = [records[i:i + 700] for i in range(0, len(records), 700)]
+    bodies = [gz(chunk) for chunk in chunks]
+    for body in [*reversed(bodies), bodies[1]]:
+        assert post(client, body).status_code == 200
+
+    minutes = db.execute("SELECT count(*), sum(samples) FROM gpu_minutes WHERE job_id = %s", (job_id,)).fetchone()
+    assert minutes == (2 * 121, len(records))  # 120 minutes plus the one the 17 s offset spills into
+
+    whole = client.get(f"/v1/jobs/{job_id}/gpu", params={"points": 1}).json()["series"]
+    raw = db.execute(
+        "SELECT gpu_index, avg(util_gpu), avg(power_w), max(mem_used), max(energy_j), count(*) FROM gpu_samples"
+        " WHERE job_id = %s GROUP BY gpu_index ORDER BY gpu_index", (job_id,)).fetchall()
+    for row, (gpu, util, power, mem, energy, count) in zip(whole, raw, strict=True):
+        assert row["gpu_index"] == gpu and row["samples"] == count
+        assert abs(row["util_gpu"] - util) < 1e-9 and abs(row["power_w"] - power) < 1e-9
+        assert (row["mem_used"], row["energy_j"]) == (mem, energy)
+
+    for points in (3, 30, 59):  # buckets of two minutes or more: the rollup, every bucket filled
+        series = client.get(f"/v1/jobs/{job_id}/gpu", params={"points": points}).json()["series"]
+        assert [sum(1 for r in series if r["gpu_index"] == g) for g in range(2)] == [points, points]
+        assert sum(r["samples"] for r in series) == len(records)
+
+    # Proof of which table answers: without the raw rows, wide buckets still come back whole.
+    window = {"start": dt.datetime.fromtimestamp(start / 1e6, dt.UTC).isoformat(),
+              "end": dt.datetime.fromtimestamp((start + 2 * HOUR_US) / 1e6, dt.UTC).isoformat()}
+    db.execute("DELETE FROM gpu_samples WHERE job_id = %s", (job_id,))
+    series = client.get(f"/v1/jobs/{job_id}/gpu", params={**window, "points": 3}).json()["series"]
+    assert sum(r["samples"] for r in series) == len(records)

@@ -26,6 +26,7 @@ import psycopg
 from psycopg.types.json import Jsonb
 
 from collector.partitions import PartitionKeeper
+from collector.rollup import rebuild_minutes
 from collector.schema import PARTITIONED_TABLES
 
 UTC = dt.UTC
@@ -102,6 +103,7 @@ def _running_job_series(conn: psycopg.Connection[Any], cluster: str, job: str, s
            FROM generate_series(0, 1799) t, generate_series(0, 1) g""",
         {"c": cluster, "j": job, "s": start},
     )
+    rebuild_minutes(conn, cluster, job)
     conn.execute(
         """INSERT INTO steps (cluster, job_id, ts, node, rank, pid, step, epoch, phase, duration_s, data_wait_s,
                               compute_s, samples)

@@ -19,6 +19,7 @@ from psycopg.rows import dict_row
 from collector import migrate, queries
 from collector.embedded_db import EmbeddedPostgres
 from collector.partitions import PartitionKeeper
+from collector.rollup import rebuild_minutes
 from tests.conftest import create_database
 
 GPUS, NODES = 64, 8
@@ -34,6 +35,7 @@ def fill_gpu_samples(conn: psycopg.Connection[Any], cluster: str, job: str, star
     keeper = PartitionKeeper()
     days = {(start + dt.timedelta(days=n)).date() for n in range((end - start).days + 2)}
     keeper.ensure(conn, "gpu_samples", days)
+    keeper.ensure(conn, "gpu_minutes", days)
     per_node = gpus // nodes
     conn.execute(
         """INSERT INTO gpu_samples (cluster, job_id, ts, node, gpu_index, gpu_uuid, util_gpu, mem_used, power_w, temp_c)
@@ -47,7 +49,10 @@ def fill_gpu_samples(conn: psycopg.Connection[Any], cluster: str, job: str, star
            VALUES (%s, %s, 'scale', %s, %s, %s, 'completed')""",
         (cluster, job, [f"node{g // per_node}:{g % per_node}" for g in range(gpus)], start, end),
     )
+    # As the ingest path would have: the per-minute rollup that wide charts read.
+    rebuild_minutes(conn, cluster, job)
     conn.execute("ANALYZE gpu_samples")
+    conn.execute("ANALYZE gpu_minutes")
 
 
 @pytest.fixture(scope="module")
