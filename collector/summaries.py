@@ -31,8 +31,9 @@ from typing import Any, Final
 from psycopg.types.json import Jsonb
 
 from collector.db import Connection
+from collector.rollup import IDLE_UTIL as ROLLUP_IDLE_UTIL
 
-IDLE_UTIL: Final = 5.0
+IDLE_UTIL: Final = ROLLUP_IDLE_UTIL
 LOW_UTIL: Final = 30.0
 LOW_MEMORY_SHARE: Final = 0.25
 SUMMARY_VERSION: Final = 1
@@ -56,6 +57,36 @@ SELECT node, gpu_index, mig_uuid, min(gpu_uuid) AS gpu_uuid, count(*) AS samples
 FROM s
 GROUP BY node, gpu_index, mig_uuid
 ORDER BY node NULLS FIRST, gpu_index, mig_uuid NULLS FIRST
+"""
+
+# The same per-GPU figures from the per-minute rollup: exact for counts, sums, extremes,
+# the energy counter and first/last sample. Only the power integral (for GPUs without an
+# energy counter, pre-Volta) needs consecutive samples; it comes from _POWER_SQL.
+_GPU_MINUTES_SQL: Final = """
+SELECT nullif(node, '') AS node, gpu_index, nullif(mig_uuid, '') AS mig_uuid, min(gpu_uuid) AS gpu_uuid,
+       sum(samples) AS samples,
+       sum(util_gpu_sum) / nullif(sum(util_gpu_n), 0) AS mean_util, max(util_gpu_max) AS max_util,
+       max(mem_used_max) AS peak_mem, max(mem_total_max) AS mem_total,
+       sum(energy_n) AS energy_samples, max(energy_max) - min(energy_min) AS energy_counter_j,
+       NULL::float8 AS power_integral_j,
+       sum(util_idle_n)::float8 / nullif(sum(util_gpu_n), 0) AS idle_fraction,
+       min(first_ts) AS first_ts, max(last_ts) AS last_ts
+FROM gpu_minutes
+WHERE cluster = %(cluster)s AND job_id = %(job)s
+GROUP BY node, gpu_index, mig_uuid
+ORDER BY node NULLS FIRST, gpu_index, mig_uuid NULLS FIRST
+"""
+
+_POWER_SQL: Final = """
+WITH s AS (
+    SELECT node, gpu_index, mig_uuid, power_w,
+           extract(epoch FROM ts - lag(ts) OVER w) AS dt_s, lag(power_w) OVER w AS prev_power_w
+    FROM gpu_samples
+    WHERE cluster = %(cluster)s AND job_id = %(job)s AND gpu_index = ANY(%(gpus)s)
+    WINDOW w AS (PARTITION BY node, gpu_index, mig_uuid ORDER BY ts)
+)
+SELECT node, gpu_index, mig_uuid, sum(dt_s * (power_w + prev_power_w) / 2) AS power_integral_j
+FROM s GROUP BY node, gpu_index, mig_uuid
 """
 
 _STEPS_SQL: Final = """
@@ -110,6 +141,23 @@ def _gpu_summary(row: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _gpu_rows(conn: Connection, params: dict[str, Any]) -> list[dict[str, Any]]:
+    """Per-GPU figures from the rollup, or from the samples for a job stored without one."""
+    rows = conn.execute(_GPU_MINUTES_SQL, params).fetchall()
+    if not rows:
+        return conn.execute(_GPU_SQL, params).fetchall()
+    without_counter = [r for r in rows if r["energy_samples"] < 2]
+    if without_counter:
+        gpus = sorted({r["gpu_index"] for r in without_counter})
+        integrals = {
+            (r["node"], r["gpu_index"], r["mig_uuid"]): r["power_integral_j"]
+            for r in conn.execute(_POWER_SQL, {**params, "gpus": gpus}).fetchall()
+        }
+        for row in without_counter:
+            row["power_integral_j"] = integrals.get((row["node"], row["gpu_index"], row["mig_uuid"]))
+    return rows
+
+
 def compute_summary(conn: Connection, cluster: str, job_id: str) -> dict[str, Any] | None:
     """The summary of one job from its stored rows; ``None`` when the collector does not know the job."""
     job = conn.execute(
@@ -118,7 +166,7 @@ def compute_summary(conn: Connection, cluster: str, job_id: str) -> dict[str, An
     if job is None:
         return None
     params = {"cluster": cluster, "job": job_id, "idle": IDLE_UTIL}
-    gpus = [_gpu_summary(row) for row in conn.execute(_GPU_SQL, params).fetchall()]
+    gpus = [_gpu_summary(row) for row in _gpu_rows(conn, params)]
     steps = conn.execute(_STEPS_SQL, params).fetchone()
 
     first_sample = min((dt.datetime.fromisoformat(g["first"]) for g in gpus), default=None)

@@ -117,3 +117,44 @@ def test_job_without_samples_has_an_empty_summary(client: Any, job_id: str) -> N
 def test_unknown_job_summary_is_404(client: Any, job_id: str) -> None:
     response = client.get(f"/v1/jobs/{job_id}/summary")
     assert response.status_code == 404 and job_id in response.json()["detail"]["error"]
+
+
+def test_rollup_and_samples_give_the_same_summary(client: Any, job_id: str, database_url: str) -> None:
+    """The summary reads the per-minute rollup; a job stored without one reads its samples."""
+    import psycopg
+    from psycopg.rows import dict_row
+
+    from collector.summaries import compute_summary
+
+    t0 = now_us() - 7200 * S
+    records = _known_job(job_id, t0)
+    # Spread over several minutes, with some samples landing late and out of order.
+    records += [_gpu(job_id, t0 + (50 + 37 * i) * S, i % 2, float(i * 7 % 100), 2 + i % 5,
+                     **({"energy_j": 8000.0 + i} if i % 2 == 0 else {"power_w": 150.0})) for i in range(30)]
+    assert post(client, gz(records[20:])).status_code == 200
+    assert post(client, gz(records[:20])).status_code == 200
+    with psycopg.connect(database_url, row_factory=dict_row) as conn:
+        from_rollup = compute_summary(conn, "default", job_id)
+        assert conn.execute("SELECT count(*) AS n FROM gpu_minutes WHERE job_id = %s", (job_id,)).fetchone()["n"] > 4
+        conn.execute("DELETE FROM gpu_minutes WHERE job_id = %s", (job_id,))
+        from_samples = compute_summary(conn, "default", job_id)
+        conn.rollback()
+    assert from_rollup is not None and from_samples is not None
+    assert len(from_rollup["gpus"]) == 2
+    _assert_close(from_rollup, from_samples)
+
+
+def _assert_close(a: Any, b: Any, path: str = "summary") -> None:
+    """Equal, with floats compared to a relative 1e-9 (sums in another order round differently)."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        assert a.keys() == b.keys(), path
+        for key in a:
+            _assert_close(a[key], b[key], f"{path}.{key}")
+    elif isinstance(a, list) and isinstance(b, list):
+        assert len(a) == len(b), path
+        for index, (x, y) in enumerate(zip(a, b, strict=True)):
+            _assert_close(x, y, f"{path}[{index}]")
+    elif isinstance(a, float) or isinstance(b, float):
+        assert a == pytest.approx(b, rel=1e-9), path
+    else:
+        assert a == b, path
