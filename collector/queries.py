@@ -13,6 +13,7 @@ from typing import Any
 from collector.db import Connection
 
 MAX_POINTS = 5000
+LIVE_UTIL_WINDOW = dt.timedelta(hours=1)
 MAX_PAGE = 1000
 
 
@@ -47,12 +48,14 @@ def list_jobs(
 ) -> tuple[list[dict[str, Any]], int]:
     """Jobs matching the filters, running first then newest first, and the total count.
 
-    ``since``/``until`` select jobs whose run overlaps the range; ``max_mean_util``
-    keeps jobs whose summary's mean GPU utilisation is below it (jobs without a
-    summary are left out by that filter).
+    ``since``/``until`` select jobs whose run overlaps the range. ``mean_util`` is the
+    summary's for an ended job and, for a running job, the mean over its last
+    :data:`LIVE_UTIL_WINDOW` from the per-minute rollup (``mean_util_live`` says which), so
+    idle allocations show while they still hold their GPUs. ``max_mean_util`` keeps jobs
+    below it; jobs with neither figure are left out by that filter.
     """
     where = ["true"]
-    params: dict[str, Any] = {}
+    params: dict[str, Any] = {"live_window": LIVE_UTIL_WINDOW}
     filters = (("j.cluster", cluster), ("j.user_name", user), ("j.state", state), ("j.partition", partition))
     for column, value in filters:
         if value is not None:
@@ -66,16 +69,22 @@ def list_jobs(
         where.append("j.start_time <= %(until)s")
         params["until"] = until
     if max_mean_util is not None:
-        where.append("s.mean_util < %(max_mean_util)s")
+        where.append("coalesce(s.mean_util, live.util) < %(max_mean_util)s")
         params["max_mean_util"] = max_mean_util
     clause = " AND ".join(where)
-    base = f"FROM jobs j LEFT JOIN job_summaries s ON s.cluster = j.cluster AND s.job_id = j.job_id WHERE {clause}"
+    base = f"""FROM jobs j LEFT JOIN job_summaries s ON s.cluster = j.cluster AND s.job_id = j.job_id
+               LEFT JOIN LATERAL (
+                   SELECT sum(m.util_gpu_sum) / nullif(sum(m.util_gpu_n), 0) AS util FROM gpu_minutes m
+                   WHERE m.job_id = j.job_id AND m.cluster = j.cluster AND m.ts >= now() - %(live_window)s
+               ) live ON j.state = 'running' AND s.job_id IS NULL
+               WHERE {clause}"""
     total = conn.execute(f"SELECT count(*) AS n {base}", params).fetchone()
     params.update(limit=min(max(limit, 1), MAX_PAGE), offset=max(offset, 0))
     rows = conn.execute(
         f"""SELECT j.cluster, j.job_id, j.user_name, j.account, j.partition, j.name, j.nodes, j.node_count,
                    j.gpus, j.start_time, j.end_time, j.state, j.exit_code, j.demo, j.last_seen,
-                   s.gpu_count, s.gpu_hours, s.mean_util, s.energy_kwh, s.flags
+                   s.gpu_count, s.gpu_hours, coalesce(s.mean_util, live.util) AS mean_util,
+                   s.mean_util IS NULL AND live.util IS NOT NULL AS mean_util_live, s.energy_kwh, s.flags
             {base}
             ORDER BY (j.state = 'running') DESC, j.start_time DESC NULLS LAST, j.job_id
             LIMIT %(limit)s OFFSET %(offset)s""",

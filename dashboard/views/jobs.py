@@ -60,12 +60,14 @@ table = pd.DataFrame({
                   for s, e in zip(pd.to_datetime(frame["start_time"], utc=True),
                                   pd.to_datetime(frame["end_time"], utc=True), strict=True)],
 })
-st.caption(f"{total} job(s); showing {len(table)}. Running jobs first.")
+st.caption(f"{total} job(s); showing {len(table)}. Running jobs first. Mean utilisation is the whole run "
+           "for ended jobs and the last hour for running ones.")
 st.dataframe(
     table, hide_index=True, width="stretch",
     column_config={
         "open": st.column_config.LinkColumn("open", display_text="open"),
-        "mean util %": st.column_config.NumberColumn(format="%.0f"),
+        "mean util %": st.column_config.NumberColumn(
+            format="%.0f", help="ended jobs: the whole run; running jobs: the last hour"),
         "energy kWh": st.column_config.NumberColumn(format="%.2f"),
         "elapsed h": st.column_config.NumberColumn(format="%.2f"),
     },

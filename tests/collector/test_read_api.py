@@ -154,3 +154,31 @@ def test_wide_buckets_read_the_minute_rollup_and_agree_with_the_samples(
     db.execute("DELETE FROM gpu_samples WHERE job_id = %s", (job_id,))
     series = client.get(f"/v1/jobs/{job_id}/gpu", params={**window, "points": 3}).json()["series"]
     assert sum(r["samples"] for r in series) == len(records)
+
+
+def test_running_jobs_show_live_utilisation_so_idle_allocations_can_be_found(client: Any, job_id: str) -> None:
+    now = now_us()
+    idle, busy = f"{job_id}-idle", f"{job_id}-busy"
+    records: list[dict[str, Any]] = []
+    for job, util in ((idle, 1.0), (busy, 90.0)):
+        records.append(_started(job, now - 3 * HOUR_US, "carol", "gpu"))
+        # An hour ago the idle job was busy: only the last hour counts for a running job.
+        records += [{"kind": "gpu_sample", "job": job, "ts": now - 2 * HOUR_US + s * 60_000_000, "node": "n1",
+                     "gpu_index": 0, "gpu_uuid": "GPU-0", "util_gpu": 95.0} for s in range(30)]
+        records += [{"kind": "gpu_sample", "job": job, "ts": now - 30 * 60_000_000 + s * 60_000_000, "node": "n1",
+                     "gpu_index": 0, "gpu_uuid": "GPU-0", "util_gpu": util} for s in range(30)]
+    assert post(client, gz(records)).status_code == 200
+
+    def listed(**params: Any) -> dict[str, dict[str, Any]]:
+        jobs = client.get("/v1/jobs", params={"user": "carol", "limit": 1000, **params}).json()["jobs"]
+        return {j["job_id"]: j for j in jobs if j["job_id"].startswith(job_id)}
+
+    both = listed()
+    assert both[idle]["mean_util"] == 1.0 and both[idle]["mean_util_live"] is True
+    assert both[busy]["mean_util"] == 90.0
+    assert list(listed(max_mean_util=5)) == [idle]
+
+    # Once the job has ended, its summary's figure (the whole run) is the one shown.
+    assert post(client, gz([{"kind": "job_ended", "job": idle, "ts": now, "exit_code": 0}])).status_code == 200
+    ended = listed()[idle]
+    assert ended["mean_util_live"] is False and ended["mean_util"] == (30 * 95.0 + 30 * 1.0) / 60
