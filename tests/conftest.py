@@ -53,6 +53,18 @@ def empty_database_url(postgres: EmbeddedPostgres) -> str:
     return create_database(postgres, f"t_{uuid.uuid4().hex[:12]}")
 
 
+@pytest.fixture(scope="session")
+def fake_library() -> Path:
+    """The fake ``libnvidia-ml.so.1`` (tests/fake_nvml), built with gcc for the real pynvml to load."""
+    from tests.fake_nvml.build import GccMissing, build_fake_nvml
+
+    pytest.importorskip("pynvml", reason="nvidia-ml-py (pynvml) is not installed")
+    try:
+        return build_fake_nvml()
+    except GccMissing as exc:
+        pytest.skip(f"cannot build the fake libnvidia-ml.so.1: {exc}")
+
+
 @pytest.fixture
 def db(database_url: str) -> Iterator[psycopg.Connection[Any]]:
     with psycopg.connect(database_url, autocommit=True) as conn:

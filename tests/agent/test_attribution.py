@@ -7,11 +7,9 @@ GPU readings come from the real pynvml over the fake libnvidia-ml.so.1.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import logging
 import os
-import shutil
 import stat
 import subprocess
 from collections.abc import Iterator
@@ -119,19 +117,6 @@ def test_attribution_rules(proc_root: Path, caplog: pytest.LogCaptureFixture) ->
     assert len(mismatches) == 1 and mismatches[0].levelno == logging.WARNING
     # Shared and idle: both registrations see it.
     assert attributor.attribute([reading(1)], regs)[0][1] == ["4242", "777"]
-
-
-@pytest.fixture(scope="module")
-def fake_library() -> Path:
-    if shutil.which("gcc") is None:
-        pytest.skip("gcc not found: cannot build the fake libnvidia-ml.so.1")
-    pytest.importorskip("pynvml", reason="nvidia-ml-py (pynvml) is not installed")
-    spec = importlib.util.spec_from_file_location("fake_nvml_build", FAKE_DIR / "build.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    path: Path = module.build_fake_nvml()
-    return path
 
 
 @pytest.fixture

@@ -8,10 +8,8 @@ them through the real ``/proc``.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -35,19 +33,6 @@ FAKE_DIR = REPO / "tests" / "fake_nvml"
 GiB = 1024**3
 
 Spawn = Callable[[str], int]
-
-
-@pytest.fixture(scope="module")
-def fake_library() -> Path:
-    if shutil.which("gcc") is None:
-        pytest.skip("gcc not found: cannot build the fake libnvidia-ml.so.1")
-    pytest.importorskip("pynvml", reason="nvidia-ml-py (pynvml) is not installed")
-    spec = importlib.util.spec_from_file_location("fake_nvml_build", FAKE_DIR / "build.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    path: Path = module.build_fake_nvml()
-    return path
 
 
 @pytest.fixture
