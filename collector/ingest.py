@@ -183,7 +183,10 @@ def store(conn: Connection, batch: Batch, prepared: PreparedBatch) -> bool:
 
 
 def _upsert_jobs_seen(conn: Connection, cluster: str, seen: dict[str, dt.datetime]) -> None:
-    """A record for a job the collector has not seen creates it (workstation runs have no prolog)."""
+    """A record for a job the collector has not seen creates it (workstation runs have no prolog).
+
+    Such a job starts at its earliest record. A job the prolog registered (it has a user)
+    keeps the prolog's start: a training process's clock does not move Slurm's accounting."""
     if not seen:
         return
     jobs = sorted(seen)
@@ -192,7 +195,8 @@ def _upsert_jobs_seen(conn: Connection, cluster: str, seen: dict[str, dt.datetim
            SELECT %s, job, ts, now(), ts FROM unnest(%s::text[], %s::timestamptz[]) AS s(job, ts)
            ON CONFLICT (cluster, job_id) DO UPDATE
            SET last_seen = greatest(j.last_seen, excluded.last_seen),
-               start_time = least(j.start_time, excluded.start_time)""",
+               start_time = CASE WHEN j.user_name IS NULL THEN least(j.start_time, excluded.start_time)
+                                 ELSE j.start_time END""",
         (cluster, jobs, [seen[j] for j in jobs]),
     )
 
@@ -207,7 +211,12 @@ def _job_started(conn: Connection, cluster: str, r: dict[str, Any]) -> None:
                attrs = coalesce(attrs, '{}'::jsonb) || coalesce(%s, '{}'::jsonb),
                nodes = (SELECT array_agg(DISTINCT n ORDER BY n) FROM unnest(coalesce(nodes, '{}') || %s::text[]) n),
                gpus = (SELECT array_agg(DISTINCT g ORDER BY g) FROM unnest(coalesce(gpus, '{}') || %s::text[]) g),
-               start_time = least(start_time, %s), state = CASE WHEN end_time IS NULL THEN 'running' ELSE state END
+               start_time = CASE
+                   WHEN user_name IS NULL AND %s::text IS NULL THEN least(start_time, %s)  -- no prolog: earliest record
+                   WHEN user_name IS NULL THEN %s  -- the first prolog registers the job: its time is the start
+                   WHEN %s::text IS NOT NULL THEN least(start_time, %s)  -- another node's prolog
+                   ELSE start_time END,  -- run metadata on a registered job
+               state = CASE WHEN end_time IS NULL THEN 'running' ELSE state END
            WHERE cluster = %s AND job_id = %s""",
         (
             r.get("user"),
@@ -221,6 +230,10 @@ def _job_started(conn: Connection, cluster: str, r: dict[str, Any]) -> None:
             Jsonb(r["attrs"]) if r.get("attrs") is not None else None,
             nodes or [],
             [f"{r.get('node') or ''}:{g}" for g in (r.get("gpus") or [])],
+            r.get("user"),
+            r["ts"],
+            r["ts"],
+            r.get("user"),
             r["ts"],
             cluster,
             r["job"],

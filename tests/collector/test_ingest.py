@@ -173,3 +173,32 @@ def test_prometheus_metrics_count_records_and_rejects(client: Any, job_id: str) 
     assert 'jobsight_records_ingested_total{kind="log"} 2.0' in text
     assert 'jobsight_ingest_rejects_total{reason="bad_body"} 1.0' in text
     assert "jobsight_ingest_batch_seconds_bucket" in text
+
+
+def test_the_prologs_start_is_the_jobs_start(client: Any, db: psycopg.Connection[Any], job_id: str) -> None:
+    def start_us(job: str) -> int:
+        row = db.execute("SELECT (extract(epoch from start_time) * 1e6)::bigint FROM jobs WHERE job_id = %s",
+                         (job,)).fetchone()
+        return int(row[0])
+
+    t = now_us() - 3600 * 1_000_000
+    prolog = {"kind": "job_started", "job": job_id, "ts": t, "node": "n1", "user": "alice"}
+    metric = {"kind": "metric", "job": job_id, "name": "loss", "value": 1.0}
+    # Records that arrive before the prolog's (a spool replayed after an outage) do not set the start.
+    assert post(client, gz([{**metric, "ts": t - 600_000_000}])).status_code == 200
+    assert post(client, gz([prolog])).status_code == 200
+    assert start_us(job_id) == t
+    # Nor do later records with an earlier clock, nor run metadata from the training process.
+    assert post(client, gz([{**metric, "ts": t - 900_000_000},
+                            {"kind": "job_started", "job": job_id, "ts": t - 900_000_000, "attrs": {"lr": 1}}]
+                       )).status_code == 200
+    assert start_us(job_id) == t
+    # Another node's prolog a little earlier: the job started when its first node did.
+    assert post(client, gz([{**prolog, "node": "n2", "ts": t - 2_000_000}])).status_code == 200
+    assert start_us(job_id) == t - 2_000_000
+
+    # A workstation run has no prolog: it starts at its earliest record, whatever the order.
+    local = f"local-{job_id}"
+    assert post(client, gz([{**metric, "job": local, "ts": t}])).status_code == 200
+    assert post(client, gz([{**metric, "job": local, "ts": t - 5_000_000}])).status_code == 200
+    assert start_us(local) == t - 5_000_000
