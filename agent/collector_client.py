@@ -21,7 +21,6 @@ import random
 import time
 from dataclasses import dataclass
 from typing import Final
-from urllib.parse import urlparse
 
 from agent.settings import AgentSettings
 
@@ -53,11 +52,8 @@ class CollectorClient:
         self.settings = settings
         self._backoff_base_s = backoff_base_s
         self._backoff_max_s = backoff_max_s
-        parsed = urlparse(settings.url)
-        self._https = parsed.scheme == "https"
-        self._host = parsed.hostname or "127.0.0.1"
-        self._port = parsed.port
-        self._path = parsed.path.rstrip("/") + "/v1/ingest"
+        endpoint = settings.ingest_endpoint()
+        self._https, self._host, self._port, self._path = endpoint.https, endpoint.host, endpoint.port, endpoint.path
         self._conn: http.client.HTTPConnection | None = None
         self._token: str | None = None
         self.backoff_until = 0.0

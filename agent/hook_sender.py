@@ -8,7 +8,6 @@ import os
 import socket
 import time
 from typing import Any, Final
-from urllib.parse import urlparse
 
 from agent import wire
 from agent.settings import AgentSettings
@@ -34,11 +33,8 @@ class HookSender:
         self.token = token
         self.spool_path = spool
         self.deadline = deadline
-        parsed = urlparse(settings.url)
-        self._https = parsed.scheme == "https"
-        self._host = parsed.hostname or "127.0.0.1"
-        self._port = parsed.port
-        self._path = parsed.path.rstrip("/") + "/v1/ingest"
+        endpoint = settings.ingest_endpoint()
+        self._https, self._host, self._port, self._path = endpoint.https, endpoint.host, endpoint.port, endpoint.path
         self.reachable: bool | None = None
         """``None``: not tried yet; ``False``: the collector did not answer (or said 5xx)."""
 

@@ -23,6 +23,15 @@ DEFAULT_URL = "http://127.0.0.1:8787"
 
 
 @dataclass(frozen=True)
+class IngestEndpoint:
+    https: bool
+    host: str
+    port: int | None
+    """``None``: the scheme's default port."""
+    path: str
+
+
+@dataclass(frozen=True)
 class AgentSettings:
     url: str = DEFAULT_URL
     """Collector base URL (``JOBSIGHT_URL``)."""
@@ -47,6 +56,16 @@ class AgentSettings:
     """Path of ``libnvidia-ml.so.1``; ``None`` lets pynvml find the system one."""
     data_dir: str = field(default_factory=default_data_dir)
     directive_poll_s: float = 3.0
+
+    def ingest_endpoint(self) -> IngestEndpoint:
+        """Where batches are POSTed, taken apart for ``http.client``."""
+        parsed = urlparse(self.url)
+        return IngestEndpoint(
+            https=parsed.scheme == "https",
+            host=parsed.hostname or "127.0.0.1",
+            port=parsed.port,
+            path=parsed.path.rstrip("/") + "/v1/ingest",
+        )
 
     def resolved_spool_dir(self) -> str:
         return self.spool_dir or os.path.join(self.data_dir, "spool")

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import tomllib
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from pydantic import Field, ValidationError
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
@@ -47,6 +47,23 @@ class TomlTableSource(PydanticBaseSettingsSource):
         return section if isinstance(section, dict) else {}
 
 
+class TomlTableSettings(BaseSettings):
+    """Settings from env vars, then the ``[toml_table]`` table of the ``JOBSIGHT_CONFIG`` file."""
+
+    toml_table: ClassVar[str]
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        return (init_settings, env_settings, TomlTableSource(settings_cls, cls.toml_table))
+
+
 def validation_message(component: str, env_prefix: str, exc: ValidationError) -> str:
     """One line naming every bad variable, for a component that must not start with them."""
     problems = "; ".join(
@@ -55,8 +72,9 @@ def validation_message(component: str, env_prefix: str, exc: ValidationError) ->
     return f"invalid {component} settings: {problems}"
 
 
-class CollectorSettings(BaseSettings):
+class CollectorSettings(TomlTableSettings):
     model_config = SettingsConfigDict(env_prefix="JOBSIGHT_", extra="ignore")
+    toml_table: ClassVar[str] = "collector"
 
     database_url: str | None = None
     """PostgreSQL DSN; ``None`` means ``jobsight up`` starts the embedded server."""
@@ -76,17 +94,6 @@ class CollectorSettings(BaseSettings):
     partitions_ahead_days: int = Field(2, ge=0, le=60)
     dashboard_url: str = "http://127.0.0.1:8501"
     dashboard_port: int = Field(8501, ge=1, le=65535)
-
-    @classmethod
-    def settings_customise_sources(
-        cls,
-        settings_cls: type[BaseSettings],
-        init_settings: PydanticBaseSettingsSource,
-        env_settings: PydanticBaseSettingsSource,
-        dotenv_settings: PydanticBaseSettingsSource,
-        file_secret_settings: PydanticBaseSettingsSource,
-    ) -> tuple[PydanticBaseSettingsSource, ...]:
-        return (init_settings, env_settings, TomlTableSource(settings_cls, "collector"))
 
     def resolved_admin_token_file(self) -> Path:
         return self.admin_token_file or self.data_dir / ADMIN_TOKEN_FILE

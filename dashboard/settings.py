@@ -7,20 +7,21 @@ reads; ``jobsight up`` sets it for the dashboard process.
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import Field, ValidationError, field_validator
-from pydantic_settings import BaseSettings, NoDecode, PydanticBaseSettingsSource, SettingsConfigDict
+from pydantic_settings import NoDecode, SettingsConfigDict
 
-from collector.settings import SettingsError, TomlTableSource, validation_message
+from collector.settings import SettingsError, TomlTableSettings, validation_message
 
 __all__ = ["DashboardSettings", "SettingsError", "load_dashboard_settings"]
 
 CommaList = Annotated[tuple[str, ...], NoDecode]
 
 
-class DashboardSettings(BaseSettings):
+class DashboardSettings(TomlTableSettings):
     model_config = SettingsConfigDict(env_prefix="JOBSIGHT_DASHBOARD_", extra="ignore")
+    toml_table: ClassVar[str] = "dashboard"
 
     auth_mode: Literal["local", "header", "oidc"] = "local"
     """``local``: one user (``local``, an admin), allowed only while the server listens on
@@ -51,16 +52,6 @@ class DashboardSettings(BaseSettings):
             return tuple(part.strip() for part in value.split(",") if part.strip())
         return value
 
-    @classmethod
-    def settings_customise_sources(
-        cls,
-        settings_cls: type[BaseSettings],
-        init_settings: PydanticBaseSettingsSource,
-        env_settings: PydanticBaseSettingsSource,
-        dotenv_settings: PydanticBaseSettingsSource,
-        file_secret_settings: PydanticBaseSettingsSource,
-    ) -> tuple[PydanticBaseSettingsSource, ...]:
-        return (init_settings, env_settings, TomlTableSource(settings_cls, "dashboard"))
 
 
 def load_dashboard_settings(**overrides: Any) -> DashboardSettings:
