@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlparse
 
-from agent.wire import ADMIN_TOKEN_FILE, default_data_dir
+from jobsight.protocol.paths import ADMIN_TOKEN_FILE, default_data_dir
 
 log = logging.getLogger("jobsight.agent")
 

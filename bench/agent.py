@@ -2,10 +2,10 @@
 
     .venv/bin/python bench/agent.py [--records 100000] [--log-calls 100000] [--ticks 2000]
 
-1. ``logging`` emit cost of :class:`agent.logs.JobsightHandler` against the standard
+1. ``logging`` emit cost of :class:`jobsight.agent.training.logs.JobsightHandler` against the standard
    library's :class:`logging.handlers.QueueHandler`, in the same run (ratio).
 2. Shipper throughput (records/s) to a live collector: this script starts its own
-   embedded PostgreSQL, migrates it, and runs ``python -m agent.cli collector``.
+   embedded PostgreSQL, migrates it, and runs ``python -m jobsight.cli collector``.
 3. NVML sampler CPU seconds per GPU per tick (``time.process_time``) over the fake
    ``libnvidia-ml.so.1`` (needs gcc), and the node daemon's whole tick on top of it.
 """
@@ -26,10 +26,10 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from agent.settings import AgentSettings  # noqa: E402
-from agent.shipper import Shipper  # noqa: E402
-from agent.wire import now_us  # noqa: E402
 from bench.stack import running_stack  # noqa: E402
+from jobsight.agent.settings import AgentSettings  # noqa: E402
+from jobsight.agent.shipping.shipper import Shipper  # noqa: E402
+from jobsight.protocol.wire import now_us  # noqa: E402
 
 
 def gpu_record(job: str, i: int) -> dict[str, Any]:
@@ -65,9 +65,9 @@ def time_emits(handler: logging.Handler, calls: int) -> float:
 
 def bench_log_handler(settings: AgentSettings, calls: int) -> None:
     try:
-        from agent.logs import JobsightHandler
+        from jobsight.agent.training.logs import JobsightHandler
     except ImportError:
-        print("log handler: agent.logs.JobsightHandler not available; skipped")
+        print("log handler: jobsight.agent.training.logs.JobsightHandler not available; skipped")
         return
     shipper = Shipper(settings)
     jobsight = JobsightHandler(settings=settings, shipper=shipper)
@@ -114,9 +114,9 @@ def bench_nvml(ticks: int, work: Path, settings: AgentSettings) -> None:
     except Exception as exc:  # noqa: BLE001 - a benchmark reports and goes on
         print(f"nvml: fake library unavailable ({exc}); skipped")
         return
-    from agent.daemon import NodeDaemon
-    from agent.nvml import NvmlSampler
-    from agent.registrations import Registration, write_registration
+    from jobsight.agent.node.daemon import NodeDaemon
+    from jobsight.agent.node.nvml import NvmlSampler
+    from jobsight.agent.node.registrations import Registration, write_registration
 
     os.environ["FAKE_NVML_SCENARIO"] = str(REPO / "tests" / "fake_nvml" / "scenarios" / "four_gpus.json")
     sampler = NvmlSampler(str(library))

@@ -62,7 +62,7 @@ def main() -> None:
     import lightning.pytorch as pl
     import torch
 
-    from agent.lightning import JobsightCallback
+    from jobsight.agent.training.lightning import JobsightCallback
 
     class Model(pl.LightningModule):
         def __init__(self) -> None:

@@ -28,8 +28,8 @@ from psycopg.rows import dict_row
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from collector import audit_queries, migrate, profile_queries, queries  # noqa: E402
-from collector.embedded_db import EmbeddedPostgres  # noqa: E402
+from jobsight.collector import audit_queries, migrate, profile_queries, queries  # noqa: E402
+from jobsight.collector.embedded_db import EmbeddedPostgres  # noqa: E402
 from tests.dashboard.test_query_scale import GPUS, fill_gpu_samples  # noqa: E402
 
 START = dt.datetime(2024, 6, 1, tzinfo=dt.UTC)

@@ -29,7 +29,7 @@ TARGET_MS = 300.0
 
 def hook_command() -> list[str]:
     script = Path(sys.executable).parent / "jobsight"
-    return [str(script)] if os.access(script, os.X_OK) else [sys.executable, "-m", "agent.cli"]
+    return [str(script)] if os.access(script, os.X_OK) else [sys.executable, "-m", "jobsight"]
 
 
 def slurm_env(base: dict[str, str], job: int, hook: str) -> dict[str, str]:

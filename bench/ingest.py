@@ -20,9 +20,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import psycopg  # noqa: E402
 
-from agent.wire import decode_batch, encode_batch, now_us  # noqa: E402
 from bench.stack import running_stack  # noqa: E402
-from collector.ingest import COPY_TYPES, copy_sql, prepare  # noqa: E402
+from jobsight.collector.ingest import COPY_TYPES, copy_sql, prepare  # noqa: E402
+from jobsight.protocol.wire import decode_batch, encode_batch, now_us  # noqa: E402
 
 BATCH = 1000
 

@@ -13,8 +13,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from collector import migrate
-from collector.embedded_db import EmbeddedPostgres, free_port
+from jobsight.collector import migrate
+from jobsight.collector.embedded_db import EmbeddedPostgres, free_port
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -66,7 +66,7 @@ def running_stack(workers: int = 1) -> Iterator[Stack]:
                "JOBSIGHT_PORT": str(port), "JOBSIGHT_SECRET_FILE": str(secret)}
         log = work / "collector.log"
         with open(log, "ab") as out:
-            process = subprocess.Popen([sys.executable, "-m", "agent.cli", "collector", "--workers", str(workers)],
+            process = subprocess.Popen([sys.executable, "-m", "jobsight", "collector", "--workers", str(workers)],
                                        env=env, cwd=REPO, stdout=out, stderr=subprocess.STDOUT)
         url = f"http://127.0.0.1:{port}"
         stack = Stack(database_url, url, "", work, secret, process)

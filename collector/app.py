@@ -9,14 +9,14 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
-from collector.auth import Authenticator, ensure_admin_token, load_cluster_secret
-from collector.db import autocommit_connection, open_pool
-from collector.errors import install_error_handlers
-from collector.migrate import schema_is_current
-from collector.partitions import PartitionKeeper
-from collector.routes import health, ingest, jobs, profiles, summaries
-from collector.settings import CollectorSettings, SettingsError, load_collector_settings
-from collector.telemetry import CollectorMetrics
+from jobsight.collector.auth import Authenticator, ensure_admin_token, load_cluster_secret
+from jobsight.collector.db import autocommit_connection, open_pool
+from jobsight.collector.errors import install_error_handlers
+from jobsight.collector.migrate import schema_is_current
+from jobsight.collector.partitions import PartitionKeeper
+from jobsight.collector.routes import health, ingest, jobs, profiles, summaries
+from jobsight.collector.settings import CollectorSettings, SettingsError, load_collector_settings
+from jobsight.collector.telemetry import CollectorMetrics
 
 log = logging.getLogger("jobsight.collector")
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any, Literal
 
-from collector.db import Connection
+from jobsight.collector.db import Connection
 
 GroupBy = Literal["user_name", "account", "partition"]
 _GROUPS = ("user_name", "account", "partition")

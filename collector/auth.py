@@ -3,7 +3,7 @@
 Three kinds of bearer token:
 
 * **admin** (``<data_dir>/admin_token``): everything.
-* **job** (minted by the Slurm prolog with the cluster secret, :mod:`agent.tokens`):
+* **job** (minted by the Slurm prolog with the cluster secret, :mod:`jobsight.protocol.tokens`):
   writes records whose ``job`` is its job, and only into its cluster; reads its own job.
 * **node** (minted by the node daemon and the root hooks with the cluster secret):
   writes records whose ``node`` (when given) is its node, for jobs registered on its
@@ -38,8 +38,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from agent.tokens import TokenError, looks_like_token, verify_token
-from agent.wire import Batch
+from jobsight.protocol.tokens import TokenError, looks_like_token, verify_token
+from jobsight.protocol.wire import Batch
 
 log = logging.getLogger("jobsight.collector")
 

@@ -15,7 +15,7 @@ import psycopg
 from psycopg.rows import dict_row
 from psycopg_pool import ConnectionPool, PoolTimeout
 
-from collector.migrate import libpq_url
+from jobsight.collector.migrate import libpq_url
 
 Connection = psycopg.Connection[Any]
 

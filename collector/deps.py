@@ -7,11 +7,11 @@ from typing import Annotated, Any
 from fastapi import Depends, Header, Request
 from psycopg_pool import ConnectionPool
 
-from collector.auth import Authenticator, Principal
-from collector.db import Connection
-from collector.partitions import PartitionKeeper
-from collector.settings import CollectorSettings
-from collector.telemetry import CollectorMetrics
+from jobsight.collector.auth import Authenticator, Principal
+from jobsight.collector.db import Connection
+from jobsight.collector.partitions import PartitionKeeper
+from jobsight.collector.settings import CollectorSettings
+from jobsight.collector.telemetry import CollectorMetrics
 
 
 def get_settings(request: Request) -> CollectorSettings:

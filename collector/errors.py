@@ -8,9 +8,9 @@ import uuid
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
-from agent.wire import WireError
-from collector.auth import AuthError
-from collector.db import DatabaseUnavailable
+from jobsight.collector.auth import AuthError
+from jobsight.collector.db import DatabaseUnavailable
+from jobsight.protocol.wire import WireError
 
 log = logging.getLogger("jobsight.collector")
 

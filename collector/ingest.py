@@ -16,12 +16,12 @@ from typing import Any
 
 from psycopg.types.json import Jsonb
 
-from agent.wire import Batch, WireError
-from collector.db import Connection
-from collector.partitions import PartitionKeeper
-from collector.rollup import MinuteRollup, upsert_minutes
-from collector.schema import gpu_samples, host_samples, log_events, metrics, steps
-from collector.summaries import refresh_ended
+from jobsight.collector.db import Connection
+from jobsight.collector.partitions import PartitionKeeper
+from jobsight.collector.rollup import MinuteRollup, upsert_minutes
+from jobsight.collector.schema import gpu_samples, host_samples, log_events, metrics, steps
+from jobsight.collector.summaries import refresh_ended
+from jobsight.protocol.wire import Batch, WireError
 
 EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 

@@ -12,7 +12,7 @@ from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import create_engine, pool
 
-from collector.schema import include_name, metadata
+from jobsight.collector.schema import include_name, metadata
 
 MIGRATIONS_DIR = Path(__file__).resolve().parent.parent / "migrations"
 

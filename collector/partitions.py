@@ -10,8 +10,8 @@ from collections.abc import Iterable
 
 from psycopg import sql
 
-from collector.db import Connection
-from collector.schema import PARTITIONED_TABLES
+from jobsight.collector.db import Connection
+from jobsight.collector.schema import PARTITIONED_TABLES
 
 log = logging.getLogger("jobsight.collector")
 

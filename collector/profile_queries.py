@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from collector.db import Connection
+from jobsight.collector.db import Connection
 
 MAX_REQUEST_STEPS = 1000
 

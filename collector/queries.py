@@ -10,7 +10,7 @@ import datetime as dt
 from dataclasses import dataclass
 from typing import Any
 
-from collector.db import Connection
+from jobsight.collector.db import Connection
 
 MAX_POINTS = 5000
 LIVE_UTIL_WINDOW = dt.timedelta(hours=1)

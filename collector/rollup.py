@@ -12,7 +12,7 @@ import datetime as dt
 from dataclasses import dataclass, field
 from typing import Any
 
-from collector.db import Connection
+from jobsight.collector.db import Connection
 
 IDLE_UTIL = 5.0
 """Utilisation (%) under which a sample counts as idle, for summaries' idle fraction."""

@@ -3,7 +3,7 @@
 Alembic (``migrations/``) is the only way the schema changes; this module is what
 autogenerate compares the database against, and what the ingest path reads its
 column lists from. Time-series tables are range-partitioned by ``ts``; their daily
-partitions (``<table>_pYYYYMMDD``) are made by :mod:`collector.partitions`.
+partitions (``<table>_pYYYYMMDD``) are made by :mod:`jobsight.collector.partitions`.
 """
 
 from __future__ import annotations

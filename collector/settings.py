@@ -15,7 +15,7 @@ from typing import Any, ClassVar
 from pydantic import Field, ValidationError
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
-from agent.wire import ADMIN_TOKEN_FILE, default_data_dir
+from jobsight.protocol.paths import ADMIN_TOKEN_FILE, default_data_dir
 
 
 class SettingsError(RuntimeError):

@@ -30,8 +30,8 @@ from typing import Any, Final
 
 from psycopg.types.json import Jsonb
 
-from collector.db import Connection
-from collector.rollup import IDLE_UTIL as ROLLUP_IDLE_UTIL
+from jobsight.collector.db import Connection
+from jobsight.collector.rollup import IDLE_UTIL as ROLLUP_IDLE_UTIL
 
 IDLE_UTIL: Final = ROLLUP_IDLE_UTIL
 LOW_UTIL: Final = 30.0

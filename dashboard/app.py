@@ -10,8 +10,8 @@ from pathlib import Path
 
 import streamlit as st
 
-from dashboard.identity import viewer_or_stop
-from dashboard.settings import SettingsError, load_dashboard_settings
+from jobsight.dashboard.identity import viewer_or_stop
+from jobsight.dashboard.settings import SettingsError, load_dashboard_settings
 
 PAGES = Path(__file__).resolve().parent / "views"
 

@@ -1,5 +1,5 @@
 """Altair charts for the job page. Each takes the already downsampled frames from
-:mod:`dashboard.data` and the job's time domain, so every time chart shares one x axis."""
+:mod:`jobsight.dashboard.data` and the job's time domain, so every time chart shares one x axis."""
 
 from __future__ import annotations
 

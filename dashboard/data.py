@@ -18,10 +18,10 @@ import pandas as pd
 import streamlit as st
 from psycopg_pool import ConnectionPool
 
-from collector import audit_queries, profile_queries, queries
-from collector.db import Connection, open_pool, unit_of_work
-from dashboard.identity import Viewer
-from dashboard.settings import load_dashboard_settings
+from jobsight.collector import audit_queries, profile_queries, queries
+from jobsight.collector.db import Connection, open_pool, unit_of_work
+from jobsight.dashboard.identity import Viewer
+from jobsight.dashboard.settings import load_dashboard_settings
 
 T = TypeVar("T")
 

@@ -21,7 +21,7 @@ from typing import Any
 
 import streamlit as st
 
-from dashboard.settings import DashboardSettings
+from jobsight.dashboard.settings import DashboardSettings
 
 LOCAL_USER = "local"
 

@@ -12,7 +12,7 @@ from typing import Annotated, Any, ClassVar, Literal
 from pydantic import Field, ValidationError, field_validator
 from pydantic_settings import NoDecode, SettingsConfigDict
 
-from collector.settings import SettingsError, TomlTableSettings, validation_message
+from jobsight.collector.settings import SettingsError, TomlTableSettings, validation_message
 
 __all__ = ["DashboardSettings", "SettingsError", "load_dashboard_settings"]
 

@@ -18,8 +18,8 @@ from typing import Any
 import psycopg
 import pytest
 
-from collector import migrate
-from collector.embedded_db import EmbeddedPostgres, free_port
+from jobsight.collector import migrate
+from jobsight.collector.embedded_db import EmbeddedPostgres, free_port
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -83,7 +83,7 @@ def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def admin_token(data_dir: Path) -> str:
-    from collector.auth import ensure_admin_token
+    from jobsight.collector.auth import ensure_admin_token
 
     return ensure_admin_token(data_dir / "admin_token")
 
@@ -93,8 +93,8 @@ def client(database_url: str, data_dir: Path, admin_token: str) -> Iterator[Any]
     """The collector app in-process over the real database, with the admin token set."""
     from fastapi.testclient import TestClient
 
-    from collector.app import create_app
-    from collector.settings import load_collector_settings
+    from jobsight.collector.app import create_app
+    from jobsight.collector.settings import load_collector_settings
 
     settings = load_collector_settings(database_url=database_url, data_dir=data_dir)
     with TestClient(create_app(settings)) as test_client:
@@ -123,7 +123,7 @@ class LiveCollector:
         }
         log = open(self.log_path, "ab")
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "agent.cli", "collector"], env=env, stdout=log, stderr=subprocess.STDOUT, cwd=REPO
+            [sys.executable, "-m", "jobsight", "collector"], env=env, stdout=log, stderr=subprocess.STDOUT, cwd=REPO
         )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:

@@ -9,9 +9,9 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from collector.db import DatabaseUnavailable, unit_of_work
-from collector.deps import Metrics, Pool
-from collector.migrate import head_revision
+from jobsight.collector.db import DatabaseUnavailable, unit_of_work
+from jobsight.collector.deps import Metrics, Pool
+from jobsight.collector.migrate import head_revision
 
 router = APIRouter(tags=["health"])
 

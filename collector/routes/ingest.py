@@ -10,12 +10,12 @@ import orjson
 from fastapi import APIRouter, Request
 from fastapi.concurrency import run_in_threadpool
 
-from agent.wire import Batch, WireError, decode_batch, loads_batch
-from collector import ingest, queries
-from collector.auth import batch_jobs_to_check
-from collector.db import autocommit_connection, unit_of_work
-from collector.deps import Auth, CurrentPrincipal, Keeper, Metrics, Pool, Settings
-from collector.errors import BadBody, BodyTooLarge
+from jobsight.collector import ingest, queries
+from jobsight.collector.auth import batch_jobs_to_check
+from jobsight.collector.db import autocommit_connection, unit_of_work
+from jobsight.collector.deps import Auth, CurrentPrincipal, Keeper, Metrics, Pool, Settings
+from jobsight.collector.errors import BadBody, BodyTooLarge
+from jobsight.protocol.wire import Batch, WireError, decode_batch, loads_batch
 
 router = APIRouter()
 

@@ -1,4 +1,4 @@
-"""The read API over :mod:`collector.queries`."""
+"""The read API over :mod:`jobsight.collector.queries`."""
 
 from __future__ import annotations
 
@@ -7,10 +7,10 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Query
 
-from collector import queries
-from collector.db import unit_of_work
-from collector.deps import Auth, CurrentPrincipal, Pool, Settings
-from collector.errors import NotFound
+from jobsight.collector import queries
+from jobsight.collector.db import unit_of_work
+from jobsight.collector.deps import Auth, CurrentPrincipal, Pool, Settings
+from jobsight.collector.errors import NotFound
 
 router = APIRouter(prefix="/v1/jobs", tags=["read"])
 

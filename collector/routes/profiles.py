@@ -16,12 +16,12 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, HTTPException, Query, Response
 from pydantic import BaseModel, Field
 
-from agent.diagnosis import diagnose
-from collector import profile_queries, queries
-from collector.auth import Principal
-from collector.db import Connection, unit_of_work
-from collector.deps import Auth, CurrentPrincipal, Pool, Settings
-from collector.errors import NotFound
+from jobsight.collector import profile_queries, queries
+from jobsight.collector.auth import Principal
+from jobsight.collector.db import Connection, unit_of_work
+from jobsight.collector.deps import Auth, CurrentPrincipal, Pool, Settings
+from jobsight.collector.errors import NotFound
+from jobsight.protocol.diagnosis import diagnose
 
 router = APIRouter(tags=["profiles"])
 

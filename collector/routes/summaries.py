@@ -1,4 +1,4 @@
-"""``GET /v1/jobs/{job_id}/summary``: the job summary of :mod:`collector.summaries`."""
+"""``GET /v1/jobs/{job_id}/summary``: the job summary of :mod:`jobsight.collector.summaries`."""
 
 from __future__ import annotations
 
@@ -7,10 +7,10 @@ from urllib.parse import urlencode
 
 from fastapi import APIRouter, Query
 
-from collector import summaries
-from collector.db import unit_of_work
-from collector.deps import Auth, CurrentPrincipal, Pool, Settings
-from collector.errors import NotFound
+from jobsight.collector import summaries
+from jobsight.collector.db import unit_of_work
+from jobsight.collector.deps import Auth, CurrentPrincipal, Pool, Settings
+from jobsight.collector.errors import NotFound
 
 router = APIRouter(prefix="/v1/jobs", tags=["read"])
 

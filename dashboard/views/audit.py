@@ -9,9 +9,9 @@ from urllib.parse import urlencode
 import pandas as pd
 import streamlit as st
 
-from dashboard import charts, data
-from dashboard.identity import viewer_or_stop
-from dashboard.settings import load_dashboard_settings
+from jobsight.dashboard import charts, data
+from jobsight.dashboard.identity import viewer_or_stop
+from jobsight.dashboard.settings import load_dashboard_settings
 
 settings = load_dashboard_settings()
 viewer = viewer_or_stop(settings)

@@ -17,9 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from agent.attribution import Attributor, job_from_cgroup, job_from_environ, job_of_pid, pids_by_job
-from agent.nvml import GpuReading, NvmlSampler
-from agent.registrations import (
+from jobsight.agent.node.attribution import Attributor, job_from_cgroup, job_from_environ, job_of_pid, pids_by_job
+from jobsight.agent.node.gpu_reading import GpuReading
+from jobsight.agent.node.nvml import NvmlSampler
+from jobsight.agent.node.registrations import (
     Registration,
     RegistrationError,
     has_registration,

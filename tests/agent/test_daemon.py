@@ -21,12 +21,12 @@ from typing import Any
 import psycopg
 import pytest
 
-from agent.context import RunContext
-from agent.inprocess import start_inprocess_sampler
-from agent.registrations import Registration, write_registration
-from agent.settings import AgentSettings
-from agent.shipper import Shipper
-from agent.wire import now_us
+from jobsight.agent.node.registrations import Registration, write_registration
+from jobsight.agent.settings import AgentSettings
+from jobsight.agent.shipping.shipper import Shipper
+from jobsight.agent.training.context import RunContext
+from jobsight.agent.training.gpu_sampler import start_inprocess_sampler
+from jobsight.protocol.wire import now_us
 
 REPO = Path(__file__).resolve().parents[2]
 FAKE_DIR = REPO / "tests" / "fake_nvml"
@@ -89,7 +89,7 @@ def daemon_env(tmp_path: Path, collector: Any, library: Path | str, scenario: Pa
 
 
 def agent_command(*args: str) -> list[str]:
-    return [sys.executable, "-m", "agent.cli", "agent", *args]
+    return [sys.executable, "-m", "jobsight", "agent", *args]
 
 
 def gpu_rows(db: psycopg.Connection[Any], node: str) -> list[tuple[Any, ...]]:

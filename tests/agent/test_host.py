@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from agent import wire
-from agent.host import HostSampler
+from jobsight.agent.node.host import HostSampler
+from jobsight.protocol import wire
 
 
 class Clock:

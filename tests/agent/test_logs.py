@@ -13,9 +13,9 @@ from uuid import uuid4
 import psycopg
 import pytest
 
-from agent.logs import JobsightHandler, attach
-from agent.settings import AgentSettings
-from agent.shipper import Shipper
+from jobsight.agent.settings import AgentSettings
+from jobsight.agent.shipping.shipper import Shipper
+from jobsight.agent.training.logs import JobsightHandler, attach
 
 
 @pytest.fixture

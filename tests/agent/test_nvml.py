@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from agent import wire
-from agent.gpu_reading import GpuReading, visible_gpu_indices
-from agent.nvml import NvmlSampler, NvmlUnavailable
+from jobsight.agent.node.gpu_reading import GpuReading, visible_gpu_indices
+from jobsight.agent.node.nvml import NvmlSampler, NvmlUnavailable
+from jobsight.protocol import wire
 
 ROOT = Path(__file__).resolve().parents[2]
 FAKE_DIR = ROOT / "tests" / "fake_nvml"
@@ -259,7 +259,7 @@ def test_visible_gpu_mapping_rules() -> None:
 
 
 def test_import_does_not_need_pynvml() -> None:
-    code = "import sys, agent.nvml; assert 'pynvml' not in sys.modules"
+    code = "import sys, jobsight.agent.node.nvml; assert 'pynvml' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True)
 
 

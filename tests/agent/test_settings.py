@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.settings import AgentSettings, load_agent_settings
+from jobsight.agent.settings import AgentSettings, load_agent_settings
 
 
 def test_env_overrides_toml_and_slurm_job_id_is_used(tmp_path: Path) -> None:

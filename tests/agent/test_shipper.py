@@ -17,10 +17,10 @@ from uuid import uuid4
 import psycopg
 import pytest
 
-from agent.settings import AgentSettings
-from agent.shipper import Shipper
-from agent.spool import REJECTED_DIR, SUFFIX
-from agent.wire import now_us
+from jobsight.agent.settings import AgentSettings
+from jobsight.agent.shipping.shipper import Shipper
+from jobsight.agent.shipping.spool import REJECTED_DIR, SUFFIX
+from jobsight.protocol.wire import now_us
 
 REPO = Path(__file__).parents[2]
 
@@ -185,9 +185,9 @@ def test_spool_of_a_killed_agent_is_replayed_by_the_next(live_collector: Any, tm
     code = textwrap.dedent(
         f"""
         import os, signal, time
-        from agent.settings import AgentSettings
-        from agent.shipper import Shipper
-        from agent.wire import now_us
+        from jobsight.agent.settings import AgentSettings
+        from jobsight.agent.shipping.shipper import Shipper
+        from jobsight.protocol.wire import now_us
         shipper = Shipper(AgentSettings(url={live_collector.url!r}, token={live_collector.token!r},
                                         spool_dir={str(spool)!r}, job_id={job!r}, batch_records=25,
                                         batch_age_s=0.05), backoff_max_s=0.5)

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from agent.spool import REJECTED_DIR, SUFFIX, Spool
-from agent.spool_format import FRAME, HEADER, MAGIC, SpooledBatch, encode_entry
+from jobsight.agent.shipping.spool import REJECTED_DIR, SUFFIX, Spool
+from jobsight.agent.shipping.spool_format import FRAME, HEADER, MAGIC, SpooledBatch, encode_entry
 
 
 def _segments(directory: Path) -> list[Path]:
@@ -34,7 +34,7 @@ def _write_in_child(directory: Path, count: int, *, kill: bool) -> None:
     code = textwrap.dedent(
         f"""
         import os, signal
-        from agent.spool import Spool
+        from jobsight.agent.shipping.spool import Spool
         spool = Spool({str(directory)!r}, 1 << 30)
         for seq in range({count}):
             assert spool.append("dead:1:1", seq, 1, b"body-%d" % seq)

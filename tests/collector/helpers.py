@@ -8,7 +8,7 @@ import itertools
 import json
 from typing import Any
 
-from agent.wire import encode_batch, now_us
+from jobsight.protocol.wire import encode_batch, now_us
 
 _seq = itertools.count(1)
 

@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from agent.tokens import mint_job_token, mint_node_token
-from agent.wire import encode_batch, now_us
+from jobsight.protocol.tokens import mint_job_token, mint_node_token
+from jobsight.protocol.wire import encode_batch, now_us
 from tests.collector.helpers import next_seq, post
 
 REPO = Path(__file__).resolve().parents[2]
@@ -24,8 +24,8 @@ def secret_client(database_url: str, data_dir: Path, admin_token: str, tmp_path:
     """The collector in-process with a cluster secret (mode 0600); no default auth header."""
     from fastapi.testclient import TestClient
 
-    from collector.app import create_app
-    from collector.settings import load_collector_settings
+    from jobsight.collector.app import create_app
+    from jobsight.collector.settings import load_collector_settings
 
     secret_file = tmp_path / "cluster_secret"
     secret_file.write_text(SECRET + "\n")
@@ -190,15 +190,15 @@ def test_collector_refuses_a_readable_secret(tmp_path: Path, mode: int) -> None:
     secret_file.chmod(mode)
     env = {**os.environ, "JOBSIGHT_DATABASE_URL": "postgresql://127.0.0.1:1/none", "JOBSIGHT_DATA_DIR": str(tmp_path),
            "JOBSIGHT_SECRET_FILE": str(secret_file), "JOBSIGHT_PORT": "1"}
-    result = subprocess.run([sys.executable, "-m", "agent.cli", "collector"], env=env, cwd=REPO,
+    result = subprocess.run([sys.executable, "-m", "jobsight", "collector"], env=env, cwd=REPO,
                             capture_output=True, text=True, timeout=60)
     assert result.returncode != 0
     assert f"cluster secret {secret_file} is readable by other users (mode {mode:o}); chmod 600 it" in result.stderr
 
 
 def test_missing_secret_is_logged(database_url: str, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    from collector.app import create_app
-    from collector.settings import load_collector_settings
+    from jobsight.collector.app import create_app
+    from jobsight.collector.settings import load_collector_settings
 
     settings = load_collector_settings(database_url=database_url, data_dir=tmp_path)
     with caplog.at_level("WARNING", logger="jobsight.collector"):

@@ -11,7 +11,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from agent.wire import now_us
+from jobsight.protocol.wire import now_us
 from tests.collector.helpers import gz, next_seq, one_of_each, post, raw_gz
 
 TABLES = ("gpu_samples", "host_samples", "log_events", "metrics", "steps", "profiles")
@@ -139,8 +139,8 @@ def test_body_over_limit_is_413_before_and_after_decompression(
 ) -> None:
     from fastapi.testclient import TestClient
 
-    from collector.app import create_app
-    from collector.settings import load_collector_settings
+    from jobsight.collector.app import create_app
+    from jobsight.collector.settings import load_collector_settings
 
     settings = load_collector_settings(
         database_url=database_url, data_dir=data_dir, max_body_bytes=4096, max_decompressed_bytes=65536

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import psycopg
 
-from collector import migrate
+from jobsight.collector import migrate
 
 
 def _tables(url: str) -> set[str]:

@@ -7,7 +7,7 @@ from typing import Any
 
 import psycopg
 
-from agent.wire import now_us
+from jobsight.protocol.wire import now_us
 from tests.collector.helpers import gz, post
 
 HOUR_US = 3600 * 1_000_000

@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from agent.report import format_report
-from agent.wire import now_us
+from jobsight.commands.report import format_report
+from jobsight.protocol.wire import now_us
 from tests.collector.helpers import gz, post
 
 S = 1_000_000  # microseconds per second
@@ -124,7 +124,7 @@ def test_rollup_and_samples_give_the_same_summary(client: Any, job_id: str, data
     import psycopg
     from psycopg.rows import dict_row
 
-    from collector.summaries import compute_summary
+    from jobsight.collector.summaries import compute_summary
 
     t0 = now_us() - 7200 * S
     records = _known_job(job_id, t0)

@@ -16,9 +16,9 @@ from typing import Any
 import psycopg
 import pytest
 
-from agent.wire import now_us
-from collector import migrate
-from collector.embedded_db import EmbeddedPostgres, free_port
+from jobsight.collector import migrate
+from jobsight.collector.embedded_db import EmbeddedPostgres, free_port
+from jobsight.protocol.wire import now_us
 from tests.collector.helpers import gz
 from tests.conftest import REPO, LiveCollector
 
@@ -64,7 +64,7 @@ class Up:
 
     def __enter__(self) -> Up:
         with open(self.log, "ab") as out:
-            self.process = subprocess.Popen([sys.executable, "-m", "agent.cli", "up", *self.args], env=self.env,
+            self.process = subprocess.Popen([sys.executable, "-m", "jobsight", "up", *self.args], env=self.env,
                                             stdout=out, stderr=subprocess.STDOUT, cwd=REPO)
         deadline = time.monotonic() + 120
         while "Press Ctrl-C" not in self.log.read_text():
@@ -154,7 +154,7 @@ def test_database_outage_gives_503_then_recovers(tmp_path: Path, job_id: str, ad
 @pytest.mark.parametrize("bad", [{"JOBSIGHT_PORT": "eighty"}, {"JOBSIGHT_POOL_SIZE": "0"}])
 def test_bad_setting_stops_the_collector_with_a_message(bad: dict[str, str], database_url: str) -> None:
     env = {**os.environ, "JOBSIGHT_DATABASE_URL": database_url, **bad}
-    result = subprocess.run([sys.executable, "-m", "agent.cli", "collector"], env=env, capture_output=True,
+    result = subprocess.run([sys.executable, "-m", "jobsight", "collector"], env=env, capture_output=True,
                             text=True, timeout=60, cwd=REPO)
     assert result.returncode == 2
     assert next(iter(bad)) in result.stderr and "Traceback" not in result.stderr

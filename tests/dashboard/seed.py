@@ -25,9 +25,9 @@ from typing import Any
 import psycopg
 from psycopg.types.json import Jsonb
 
-from collector.partitions import PartitionKeeper
-from collector.rollup import rebuild_minutes
-from collector.schema import PARTITIONED_TABLES
+from jobsight.collector.partitions import PartitionKeeper
+from jobsight.collector.rollup import rebuild_minutes
+from jobsight.collector.schema import PARTITIONED_TABLES
 
 UTC = dt.UTC
 PERIOD = (dt.date(2024, 3, 4), dt.date(2024, 3, 5))

@@ -16,10 +16,10 @@ import psycopg
 import pytest
 from psycopg.rows import dict_row
 
-from collector import migrate, queries
-from collector.embedded_db import EmbeddedPostgres
-from collector.partitions import PartitionKeeper
-from collector.rollup import rebuild_minutes
+from jobsight.collector import migrate, queries
+from jobsight.collector.embedded_db import EmbeddedPostgres
+from jobsight.collector.partitions import PartitionKeeper
+from jobsight.collector.rollup import rebuild_minutes
 from tests.conftest import create_database
 
 GPUS, NODES = 64, 8

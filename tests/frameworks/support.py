@@ -10,7 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-from agent.settings import AgentSettings
+from jobsight.agent.settings import AgentSettings
 
 T = TypeVar("T")
 

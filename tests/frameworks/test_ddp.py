@@ -12,7 +12,7 @@ import pytest
 
 pytest.importorskip("torch")
 
-from collector.embedded_db import free_port  # noqa: E402
+from jobsight.collector.embedded_db import free_port  # noqa: E402
 from tests.frameworks.support import api, rows, wait_for  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
@@ -24,7 +24,7 @@ import torch, torch.distributed as dist, torch.multiprocessing as mp
 def work(rank: int) -> None:
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2")
     dist.init_process_group("gloo", rank=rank, world_size=2)
-    import agent.torch as jtorch
+    import jobsight.agent.training.torch as jtorch
     torch.manual_seed(rank)
     model = torch.nn.parallel.DistributedDataParallel(torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.ReLU(),
                                                                          torch.nn.Linear(256, 256)))

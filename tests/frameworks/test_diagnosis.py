@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from agent.diagnosis import diagnose
-from agent.profile_summary import breakdown, summarize
+from jobsight.agent.training.profile_summary import breakdown, summarize
+from jobsight.protocol.diagnosis import diagnose
 
 torch = pytest.importorskip("torch")
 

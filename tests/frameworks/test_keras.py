@@ -14,7 +14,7 @@ if keras.backend.backend() != "torch":
     pytest.skip("these tests need KERAS_BACKEND=torch", allow_module_level=True)
 np = pytest.importorskip("numpy")
 
-from agent.keras import JobsightCallback  # noqa: E402
+from jobsight.agent.training.keras import JobsightCallback  # noqa: E402
 from tests.frameworks.support import agent_settings, api, rows, wait_for  # noqa: E402
 
 EPOCHS, BATCHES = 4, 4

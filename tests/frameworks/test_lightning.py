@@ -13,7 +13,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pl = pytest.importorskip("lightning.pytorch")
 
-from agent.lightning import JobsightCallback  # noqa: E402
+from jobsight.agent.training.lightning import JobsightCallback  # noqa: E402
 from tests.frameworks.support import agent_settings, api, rows, wait_for  # noqa: E402
 
 log = logging.getLogger("tests.tiny_model")
@@ -155,7 +155,7 @@ def test_demo_job_trains_profiles_and_is_labelled(live_collector: Any, job_id: s
 
     env = {**os.environ, "JOBSIGHT_URL": live_collector.url, "JOBSIGHT_TOKEN": live_collector.token,
            "JOBSIGHT_JOB_ID": job_id, "JOBSIGHT_DEMO_MINUTES": "0.12", "JOBSIGHT_SPOOL_DIR": str(tmp_path / "spool")}
-    subprocess.run([sys.executable, "-m", "agent.demo"], env=env, check=True, timeout=120,
+    subprocess.run([sys.executable, "-m", "jobsight.agent.training.demo"], env=env, check=True, timeout=120,
                    cwd=Path(__file__).resolve().parents[2], capture_output=True)
     job = api(live_collector, f"/v1/jobs/{job_id}")
     assert job["demo"] is True and job["name"].startswith("demo:") and job["state"] == "completed"

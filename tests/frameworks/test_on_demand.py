@@ -12,8 +12,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-import agent.torch as jtorch  # noqa: E402
-from agent import wire  # noqa: E402
+import jobsight.agent.training.torch as jtorch  # noqa: E402
+from jobsight.protocol import wire  # noqa: E402
 from tests.frameworks.support import agent_settings, api, wait_for  # noqa: E402
 
 

@@ -13,7 +13,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-import agent.torch as jtorch  # noqa: E402
+import jobsight.agent.training.torch as jtorch  # noqa: E402
 from tests.frameworks.support import agent_settings, api, rows, wait_for  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
@@ -27,7 +27,8 @@ def fresh_run() -> Iterator[None]:
 
 
 def test_agent_imports_without_importing_torch() -> None:
-    code = ("import sys, agent.torch, agent.profiling, agent.diagnosis, agent.directives, agent.run_records; "
+    code = ("import sys, jobsight.agent.training.torch, jobsight.agent.training.profiling, "
+            "jobsight.protocol.diagnosis, jobsight.agent.training.directives, jobsight.agent.training.run_records; "
             "assert 'torch' not in sys.modules, 'torch was imported'")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO)
 
@@ -69,7 +70,7 @@ def test_enabled_profiler_is_real_and_uploads(live_collector: Any, db: Any, job_
 
 
 def test_trace_over_the_cap_keeps_the_summary_with_a_note(live_collector: Any, job_id: str, tmp_path: Path) -> None:
-    from agent.profiling import ProfileOptions
+    from jobsight.agent.training.profile_schedule import ProfileOptions
 
     jtorch.init(agent_settings(live_collector, job_id, tmp_path), on_demand=False)
     with jtorch.profiler(enabled=True, wait=0, warmup=1, active=1, options=ProfileOptions(trace_cap_bytes=100)) as p:

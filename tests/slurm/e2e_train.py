@@ -16,7 +16,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from agent.lightning import JobsightCallback
+from jobsight.agent.training.lightning import JobsightCallback
 
 log = logging.getLogger("e2e.train")
 

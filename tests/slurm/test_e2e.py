@@ -41,8 +41,8 @@ from typing import Any
 import psycopg
 import pytest
 
-from agent.tokens import verify_token
-from agent.wire import encode_batch, now_us
+from jobsight.protocol.tokens import verify_token
+from jobsight.protocol.wire import encode_batch, now_us
 from tests.conftest import REPO, LiveCollector
 
 pytestmark = pytest.mark.slurm
@@ -226,7 +226,7 @@ def cluster(database_url: str, data_dir: Path, admin_token: str) -> Iterator[Clu
                       "JOBSIGHT_NVML_LIBRARY": str(library), "FAKE_NVML_SCENARIO": str(SCENARIOS / "four_gpus.json")}
         for name in ("JOBSIGHT_TOKEN", "JOBSIGHT_TOKEN_FILE", "JOBSIGHT_JOB_ID", "JOBSIGHT_REGISTRATION_DIR"):
             daemon_env.pop(name, None)
-        daemon = subprocess.Popen([sys.executable, "-m", "agent.cli", "agent", "--interval", "0.5"], env=daemon_env,
+        daemon = subprocess.Popen([sys.executable, "-m", "jobsight", "agent", "--interval", "0.5"], env=daemon_env,
                                   cwd=REPO, stdout=daemon_log, stderr=subprocess.STDOUT)
         yield state
     finally:
@@ -312,7 +312,7 @@ def test_both_jobs_have_summaries_and_reports(cluster: Cluster, two_jobs: tuple[
         assert summary["steps"]["count"] > 0 and summary["steps"]["steps_per_s"] > 0
         assert all(g["energy_kwh"] is not None for g in summary["gpus"])
         env = {**os.environ, "JOBSIGHT_URL": cluster.collector.url, "JOBSIGHT_TOKEN": cluster.admin_token}
-        report = subprocess.run([sys.executable, "-m", "agent.cli", "report", job], env=env, cwd=REPO,
+        report = subprocess.run([sys.executable, "-m", "jobsight", "report", job], env=env, cwd=REPO,
                                 capture_output=True, text=True, timeout=30)
         assert report.returncode == 0, report.stderr
         assert f"Job ID: {job}" in report.stdout and "COMPLETED (exit code 0)" in report.stdout

@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
-from agent.tokens import verify_token
-from agent.wire import encode_batch, now_us
+from jobsight.protocol.tokens import verify_token
+from jobsight.protocol.wire import encode_batch, now_us
 from tests.conftest import REPO, LiveCollector
 
 SECRET = "hooks-test-secret-abcdef0123456789"
@@ -75,7 +75,7 @@ def slurm_env(job: str, hook: str, gpus: str = "0,1", **extra: str) -> dict[str,
 
 def run_hook(hook: str, env: dict[str, str]) -> tuple[subprocess.CompletedProcess[str], float]:
     started = time.monotonic()
-    result = subprocess.run([sys.executable, "-m", "agent.cli", "slurm", hook], env=env, cwd="/", text=True,
+    result = subprocess.run([sys.executable, "-m", "jobsight", "slurm", hook], env=env, cwd="/", text=True,
                             capture_output=True, timeout=30, stdin=subprocess.DEVNULL)
     return result, time.monotonic() - started
 
@@ -114,7 +114,7 @@ def test_prolog_task_prolog_epilog(collector: LiveCollector, hook_env: dict[str,
     # Time limit (30 min from scontrol) plus the default grace of an hour.
     assert abs(claims.expires_at - (time.time() + 1800 + 3600)) < 60
 
-    from agent.registrations import Registration
+    from jobsight.agent.node.registrations import Registration
 
     registration = Registration.from_file(Path(env["JOBSIGHT_REGISTRATION_DIR"]) / f"{job}.json")
     assert (registration.node, registration.gpus, registration.uid) == ("vm", (0, 1), job_uid())
@@ -201,15 +201,15 @@ def test_report_cli(collector: LiveCollector, hook_env: dict[str, str]) -> None:
     job = new_job()
     run_hook("prolog", {**hook_env, "JOBSIGHT_URL": collector.url, **slurm_env(job, "prolog")})
     run_hook("epilog", {**hook_env, "JOBSIGHT_URL": collector.url, **slurm_env(job, "epilog")})
-    report = subprocess.run([sys.executable, "-m", "agent.cli", "report", job], env=env, cwd=REPO, text=True,
+    report = subprocess.run([sys.executable, "-m", "jobsight", "report", job], env=env, cwd=REPO, text=True,
                             capture_output=True, timeout=30)
     assert report.returncode == 0, report.stderr
     assert f"Job ID: {job}" in report.stdout and "Dashboard: http" in report.stdout
-    missing = subprocess.run([sys.executable, "-m", "agent.cli", "report", "no-such-job"], env=env, cwd=REPO,
+    missing = subprocess.run([sys.executable, "-m", "jobsight", "report", "no-such-job"], env=env, cwd=REPO,
                              text=True, capture_output=True, timeout=30)
     assert missing.returncode == 1
     assert missing.stderr.strip() == "jobsight report: job no-such-job not found in cluster default"
-    away = subprocess.run([sys.executable, "-m", "agent.cli", "report", job], env={**env, "JOBSIGHT_URL":
+    away = subprocess.run([sys.executable, "-m", "jobsight", "report", job], env={**env, "JOBSIGHT_URL":
                           "http://127.0.0.1:1"}, cwd=REPO, text=True, capture_output=True, timeout=30)
     assert away.returncode == 1 and len(away.stderr.strip().splitlines()) == 1
     assert "cannot reach the collector at http://127.0.0.1:1" in away.stderr

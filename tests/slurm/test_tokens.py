@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from agent.tokens import TokenError, mint_job_token, mint_node_token, verify_token
+from jobsight.protocol.tokens import TokenError, mint_job_token, mint_node_token, verify_token
 
 SECRET = "s3cret-cluster-key"
 NOW = 1_763_769_600

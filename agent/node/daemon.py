@@ -1,0 +1,157 @@
+"""``jobsight agent``: the node daemon.
+
+Every interval it takes one NVML snapshot of every GPU on the node, attributes
+each GPU to its job (:mod:`jobsight.agent.node.attribution`), reads each registered job's host
+CPU and memory (:mod:`jobsight.agent.node.host`), and hands the records to the shipper. A GPU
+that works for no job is not shipped: every record belongs to a job.
+
+The schedule does not drift (``next += interval``); a tick that overruns skips
+the ticks it missed rather than bunching them. Start-up, signals and the drain at
+exit are the command's (:mod:`jobsight.commands.agent`).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Final
+
+from jobsight.agent.node.attribution import Attributor, pids_by_job
+from jobsight.agent.node.host import HostSampler
+from jobsight.agent.node.nvml import NvmlSampler, NvmlUnavailable
+from jobsight.agent.node.registrations import Registration, read_registrations
+from jobsight.agent.settings import AgentSettings
+from jobsight.agent.shipping.shipper import Shipper
+from jobsight.protocol import wire
+
+log = logging.getLogger("jobsight.agent.daemon")
+
+MIN_INTERVAL_S: Final = 0.5
+
+
+@dataclass
+class TickResult:
+    """What one tick did (for tests, benchmarks and the debug log)."""
+
+    gpu_records: int = 0
+    host_records: int = 0
+    unattributed: int = 0
+    """GPU rows that worked for no job and were not shipped."""
+    nvml_ok: bool = True
+
+
+class NodeDaemon:
+    """The sampling loop, with every input a parameter (STYLE rule 8)."""
+
+    def __init__(
+        self,
+        settings: AgentSettings,
+        sampler: NvmlSampler,
+        shipper: Shipper,
+        *,
+        interval_s: float | None = None,
+        registration_dir: str | None = None,
+        proc_root: str = "/proc",
+        cgroup_root: str = "/sys/fs/cgroup",
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.settings = settings
+        self.sampler = sampler
+        self.shipper = shipper
+        self.interval_s = max(MIN_INTERVAL_S, interval_s if interval_s is not None else settings.sample_interval_s)
+        self.registration_dir = registration_dir or settings.registration_dir
+        self.proc_root = proc_root
+        self._clock = clock
+        self._attributor = Attributor(proc_root)
+        self._host = HostSampler(proc_root, cgroup_root, clock)
+        self._nvml_failing = False
+        self._warned_nodes: set[str] = set()
+
+    def tick(self) -> TickResult:
+        """One snapshot of every GPU and every registered job, queued for shipping."""
+        result = TickResult()
+        ts = wire.now_us()
+        node = self.settings.node
+        registrations = read_registrations(self.registration_dir)
+        self._check_nodes(registrations)
+        try:
+            readings = self.sampler.sample()
+        except NvmlUnavailable as exc:
+            # The driver may be reloading (an upgrade): keep the host samples, retry next tick.
+            if not self._nvml_failing:
+                log.warning("jobsight agent: NVML unavailable, GPU samples paused: %s", exc)
+            self._nvml_failing = True
+            readings = []
+            result.nvml_ok = False
+        else:
+            if self._nvml_failing:
+                log.info("jobsight agent: NVML is back")
+            self._nvml_failing = False
+        for reading, jobs in self._attributor.attribute(readings, registrations):
+            if not jobs:
+                result.unattributed += 1
+                continue
+            fields = reading.to_record()
+            for job in jobs:
+                self.shipper.enqueue({"kind": "gpu_sample", "job": job, "ts": ts, "node": node, **fields})
+                result.gpu_records += 1
+        result.host_records = self._host_samples(registrations, ts, node)
+        if result.unattributed:
+            log.debug("jobsight agent: %d GPU row(s) with no job this tick, not shipped", result.unattributed)
+        return result
+
+    def _check_nodes(self, registrations: list[Registration]) -> None:
+        for registration in registrations:
+            if registration.node != self.settings.node and registration.node not in self._warned_nodes:
+                self._warned_nodes.add(registration.node)
+                log.warning(
+                    "jobsight agent: registration of job %s names node %r but this daemon ships as %r; "
+                    "set JOBSIGHT_NODE to the Slurm node name",
+                    registration.job_id,
+                    registration.node,
+                    self.settings.node,
+                )
+
+    def _host_samples(self, registrations: list[Registration], ts: int, node: str) -> int:
+        jobs = [r.job_id for r in registrations]
+        self._host.forget(jobs)
+        shipped = 0
+        by_job: dict[str, list[int]] | None = None
+        for job in jobs:
+            pids: list[int] | None = None
+            if self._host.find_cgroup(job) is None:
+                if by_job is None:
+                    by_job = pids_by_job(self.proc_root)  # one scan per tick, only when needed
+                pids = by_job.get(job, [])
+            reading = self._host.sample(job, pids)
+            if reading is None:
+                continue
+            self.shipper.enqueue({"kind": "host_sample", "job": job, "ts": ts, "node": node, **reading.to_record()})
+            shipped += 1
+        return shipped
+
+    def run(self, stop: threading.Event, once: bool = False, before_tick: Callable[[], None] | None = None) -> int:
+        """Tick until ``stop`` is set (or once); returns the number of ticks."""
+        ticks = 0
+        next_at = self._clock()
+        while not stop.is_set():
+            if before_tick is not None:
+                before_tick()
+            try:
+                self.tick()
+            except Exception:  # boundary: one bad tick must not end the daemon
+                log.exception("jobsight agent: tick failed")
+            ticks += 1
+            if once:
+                break
+            next_at += self.interval_s
+            now = self._clock()
+            if next_at < now:
+                missed = int((now - next_at) // self.interval_s) + 1
+                log.debug("jobsight agent: tick overran, skipping %d tick(s)", missed)
+                next_at += missed * self.interval_s
+            stop.wait(next_at - now)
+        return ticks

@@ -1,0 +1,183 @@
+"""Delivery of encoded batches: straight to the collector, or through the spool while it is away.
+
+* 200 (``stored`` or ``duplicate``) acknowledges a batch;
+* 4xx: the collector will never take it; it is logged once per status and kept
+  in the spool's ``rejected/`` folder, and the batches after it go on;
+* 5xx, 429 or a network error: backoff (see :mod:`jobsight.agent.shipping.client`); the
+  batch and every batch after it go to the disk spool, which is replayed in
+  order, with each batch's original ``(source, seq)``, once the collector
+  answers again. Segments left by a dead process on this node are adopted and
+  replayed too.
+
+Used from the shipper's worker thread only; a forked child makes its own.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import Final
+
+from jobsight.agent.settings import AgentSettings
+from jobsight.agent.shipping.batch_store import BatchStore, MemorySpool
+from jobsight.agent.shipping.client import ACK, RETRY, CollectorClient, Outcome
+from jobsight.agent.shipping.spool import Spool
+from jobsight.agent.shipping.spool_format import SpooledBatch
+from jobsight.agent.shipping.stats import ShipperStats
+
+log = logging.getLogger("jobsight.agent.shipper")
+
+ADOPT_INTERVAL_S: Final = 30.0
+
+
+class Delivery:
+    """Sends or stores each batch, in order, and replays the store.
+
+    ``settle(n)`` is called when ``n`` of this process's (``source``'s) records are
+    done with: acknowledged or refused. Batches adopted from other processes are
+    not counted.
+    """
+
+    def __init__(
+        self,
+        settings: AgentSettings,
+        client: CollectorClient,
+        stats: ShipperStats,
+        *,
+        source: str,
+        settle: Callable[[int], None],
+        use_spool: bool,
+    ) -> None:
+        self.settings = settings
+        self.client = client
+        self.stats = stats
+        self.source = source
+        self._settle = settle
+        self._use_spool = use_spool
+        self.store: BatchStore | None = None
+        """``None`` until :meth:`open` (on the worker thread)."""
+        self._next_adopt = 0.0
+        self._logged: set[str] = set()
+
+    def open(self) -> None:
+        self.store = self._open_store()
+
+    def _open_store(self) -> BatchStore:
+        if self._use_spool:
+            try:
+                spool = Spool(self.settings.resolved_spool_dir(), self.settings.spool_max_bytes)
+                spool.adopt()
+                self._next_adopt = time.monotonic() + ADOPT_INTERVAL_S
+                return spool
+            except OSError as exc:
+                log.warning("jobsight: no disk spool (%s); unsent batches are kept in memory", exc)
+        return MemorySpool(self.settings.spool_max_bytes)
+
+    def waits(self, now: float) -> list[float]:
+        """Seconds until delivery has something to do: a backoff ends, or adoption is due."""
+        waits: list[float] = []
+        store = self.store
+        if store is not None and store.pending():
+            waits.append(self.client.backoff_until - now)
+        if self._use_spool:
+            waits.append(self._next_adopt - now)
+        return waits
+
+    def adopt_if_due(self) -> None:
+        store = self.store
+        assert store is not None
+        if self._use_spool and time.monotonic() >= self._next_adopt:
+            store.adopt()
+            self._next_adopt = time.monotonic() + ADOPT_INTERVAL_S
+
+    def send(self, batch: SpooledBatch, *, past_deadline: bool) -> bool:
+        """Post ``batch`` or store it behind the backlog; ``False`` when it could be neither
+        (the store is full): the caller drops its records."""
+        store = self.store
+        assert store is not None
+        waiting = self.client.in_backoff() or past_deadline
+        if store.pending() or waiting:
+            # Older batches are still to go: keep the order by queueing behind them.
+            if self._keep(batch, store):
+                return True
+            if waiting:
+                return False
+        outcome = self.client.post(batch.body)
+        if outcome.kind == RETRY:
+            self.client.back_off(outcome)
+            return self._keep(batch, store)
+        self._finish(batch, outcome, store, spooled=False)
+        return True
+
+    def _keep(self, batch: SpooledBatch, store: BatchStore) -> bool:
+        if store.append(batch.source, batch.seq, batch.records, batch.body):
+            self.stats.spooled_batches += 1
+            return True
+        return False
+
+    def replay_one(self) -> bool:
+        """Send the oldest stored batch; ``False`` when there is none or the collector is away."""
+        store = self.store
+        assert store is not None
+        batch = store.peek()
+        if batch is None:
+            return False
+        outcome = self.client.post(batch.body)
+        if outcome.kind == RETRY:
+            self.client.back_off(outcome)
+            return False
+        self.stats.replayed_batches += 1
+        self._finish(batch, outcome, store, spooled=True)
+        return True
+
+    def _finish(self, batch: SpooledBatch, outcome: Outcome, store: BatchStore, spooled: bool) -> None:
+        if outcome.kind == ACK:
+            self.stats.sent_batches += 1
+            self.stats.sent_records += batch.records
+            if outcome.detail == "duplicate":
+                self.stats.duplicate_batches += 1
+        else:
+            self.stats.rejected_batches += 1
+            self._log_once(
+                f"status {outcome.status}",
+                "jobsight: the collector refused a batch (HTTP %d: %s); it is kept in %s/rejected",
+                outcome.status,
+                outcome.detail,
+                self.settings.resolved_spool_dir(),
+            )
+            if spooled:
+                store.reject(batch, outcome.status, outcome.detail)
+            else:
+                store.set_aside(batch, outcome.status, outcome.detail)
+        if spooled:
+            if outcome.kind == ACK:
+                store.ack()
+            if batch.source != self.source:
+                return  # adopted from another process: not ours to count
+        self._settle(batch.records)
+
+    def _log_once(self, key: str, message: str, *args: object) -> None:
+        if key not in self._logged:
+            self._logged.add(key)
+            log.warning(message, *args)
+
+    def close(self) -> None:
+        """Close the connection and the store; unsent batches stay on disk for the next process."""
+        self.client.close()
+        store = self.store
+        if store is not None:
+            try:
+                store.close()
+            except Exception:  # noqa: BLE001 - boundary: closing is best-effort
+                pass
+
+    def abandon(self) -> None:
+        """In a forked child: let go of the parent's store and socket without touching them."""
+        store = self.store
+        if store is not None:
+            try:
+                store.abandon()
+            except Exception:  # noqa: BLE001 - boundary: the child must come up whatever the parent's state
+                pass
+        self.client.abandon()

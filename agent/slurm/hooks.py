@@ -1,0 +1,243 @@
+"""``jobsight slurm prolog|epilog|task-prolog``: what the ``slurm/`` wrappers run.
+
+Best-effort by design (STYLE rule 13): every network call has a timeout of at most
+:data:`NET_TIMEOUT_S`, every step is tried even when an earlier one failed, problems go
+to syslog (or to ``JOBSIGHT_HOOK_LOG`` when set) and the exit status is always 0, so
+jobsight never drains a node or fails a job.
+
+* **prolog** (root, every node of the allocation): reads the job from Slurm's
+  environment (see ``tests/slurm/NOTES.md``), mints the job token (cluster secret,
+  valid for the time limit plus ``JOBSIGHT_TOKEN_GRACE_S``), writes the token file
+  (``<JOBSIGHT_TOKEN_DIR>/<job>.token``, owned by the job's uid, mode 0400) and the
+  registration (:mod:`jobsight.agent.node.registrations`), and posts ``job_started``.
+* **task prolog** (the job's user, before every task): prints one ``export NAME=value``
+  line each for the collector URL, cluster, job id and token. No network.
+* **epilog** (root): posts ``job_ended`` with the job's exit code, removes the
+  registration and the token file, and replays what earlier hooks spooled.
+
+Root hooks post with this node's token (minted from the same secret as the node
+daemon's), so a spooled batch can be replayed by the daemon or a later hook. When
+the collector does not answer in time, the batch goes to the disk spool (the one the
+node daemon replays: ``JOBSIGHT_SPOOL_DIR``, else ``<JOBSIGHT_DATA_DIR>/spool``,
+else ``/var/lib/jobsight/spool`` for root) and is fsynced before the hook exits.
+
+Reading the job from the environment is :mod:`jobsight.agent.slurm.job`, sending and spooling
+:mod:`jobsight.agent.slurm.sender`, the syslog set-up :mod:`jobsight.agent.slurm.hook_log`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any, Final
+
+from jobsight.agent.atomic_files import write_atomically
+from jobsight.agent.settings import AgentSettings, load_agent_settings
+from jobsight.agent.slurm.hook_log import setup_hook_logging
+from jobsight.agent.slurm.job import (
+    SlurmJob,
+    exit_code_from_env,
+    job_from_env,
+    job_id_from_env,
+    job_time_limit,
+    scontrol_job,
+)
+from jobsight.agent.slurm.sender import NET_TIMEOUT_S, HookSender, spool_dir
+from jobsight.protocol import wire
+from jobsight.protocol.tokens import DEFAULT_SECRET_FILE, mint_job_token, mint_node_token, read_cluster_secret
+
+log = logging.getLogger("jobsight.slurm")
+
+HOOKS: Final = ("prolog", "epilog", "task-prolog")
+REPLAY_BUDGET_S: Final = 1.0
+DEFAULT_TOKEN_DIR: Final = "/run/jobsight/tokens"
+DEFAULT_GRACE_S: Final = 3600
+# A job without a known time limit (UNLIMITED, or scontrol unavailable) gets this.
+DEFAULT_TOKEN_TTL_S: Final = 30 * 86400
+SCONTROL: Final = "/usr/bin/scontrol"
+_SAFE_VALUE = re.compile(r"^[A-Za-z0-9_./:@%+,=-]+$")
+
+
+@dataclass(frozen=True)
+class HookSettings:
+    """What the hooks need beyond :class:`AgentSettings`, from ``JOBSIGHT_*`` env vars
+    (the wrappers export ``/etc/jobsight/hooks.env``)."""
+
+    secret_file: str = DEFAULT_SECRET_FILE
+    token_dir: str = DEFAULT_TOKEN_DIR
+    grace_s: int = DEFAULT_GRACE_S
+    log_file: str | None = None
+    """``None``: problems go to syslog (facility daemon, or user for the task prolog)."""
+    scontrol: str = SCONTROL
+
+
+def load_hook_settings(env: dict[str, str]) -> HookSettings:
+    grace = DEFAULT_GRACE_S
+    raw = env.get("JOBSIGHT_TOKEN_GRACE_S")
+    if raw:
+        try:
+            grace = max(0, int(raw))
+        except ValueError:
+            log.warning("bad JOBSIGHT_TOKEN_GRACE_S %r; using %d", raw, DEFAULT_GRACE_S)
+    return HookSettings(
+        secret_file=env.get("JOBSIGHT_SECRET_FILE") or DEFAULT_SECRET_FILE,
+        token_dir=env.get("JOBSIGHT_TOKEN_DIR") or DEFAULT_TOKEN_DIR,
+        grace_s=grace,
+        log_file=env.get("JOBSIGHT_HOOK_LOG") or None,
+        scontrol=env.get("JOBSIGHT_SCONTROL") or SCONTROL,
+    )
+
+
+# -- tokens and files ----------------------------------------------------------------
+
+
+def read_secret(path: str) -> bytes | None:
+    """The cluster secret, or ``None`` (logged) when it cannot be read by this process."""
+    try:
+        return read_cluster_secret(path)
+    except OSError as exc:
+        log.warning("cannot read the cluster secret %s: %s", path, exc.strerror or exc)
+    except ValueError as exc:
+        log.warning("%s", exc)
+    return None
+
+
+def token_path(token_dir: str, job: str) -> str:
+    return os.path.join(token_dir, f"{job}.token")
+
+
+def write_token_file(token_dir: str, job: str, token: str, uid: int | None, gid: int | None) -> str:
+    """Write the job's token, owned by the job's uid, mode 0400, atomically; returns the path.
+
+    The directory is made 0711: users can open their own file by name but not list others.
+    """
+    os.makedirs(token_dir, mode=0o711, exist_ok=True)
+    path = token_path(token_dir, job)
+    write_atomically(path, token + "\n", 0o400, encoding="ascii", uid=uid, gid=gid)
+    return path
+
+
+# -- what the hooks send -------------------------------------------------------------
+
+
+def _source(settings: AgentSettings, hook: str, job: SlurmJob) -> str:
+    # One fixed source per hook and job run: a re-run hook (or a retried post) is a duplicate.
+    return f"{settings.cluster}/{job.node}:slurm-{hook}:{job.job_id}.{job.restart_count}"
+
+
+def _node_token(settings: AgentSettings, secret: bytes | None, node: str) -> str | None:
+    if secret is None:
+        return settings.resolved_token()
+    return mint_node_token(secret, settings.cluster, node, ttl_s=3600)
+
+
+# -- the hooks -----------------------------------------------------------------------
+
+
+def run_prolog(env: dict[str, str], settings: AgentSettings, hooks: HookSettings) -> None:
+    deadline = time.monotonic() + 2 * NET_TIMEOUT_S
+    started_us = wire.now_us()
+    job = job_from_env(env, settings)
+    fields = scontrol_job(env, job.job_id, hooks.scontrol)
+    time_limit = job_time_limit(env, fields)
+    name = job.name or fields.get("name")
+    secret = read_secret(hooks.secret_file)
+
+    token_file: str | None = None
+    if secret is not None:
+        ttl = (time_limit + hooks.grace_s) if time_limit else DEFAULT_TOKEN_TTL_S
+        try:
+            token = mint_job_token(secret, settings.cluster, job.job_id, ttl, uid=job.uid)
+            token_file = write_token_file(hooks.token_dir, job.job_id, token, job.uid, job.gid)
+        except (OSError, ValueError) as exc:
+            log.error("job %s: cannot write the token file in %s: %s", job.job_id, hooks.token_dir, exc)
+
+    try:
+        from jobsight.agent.node.registrations import Registration, write_registration
+
+        write_registration(settings.registration_dir, Registration(
+            cluster=settings.cluster, job_id=job.job_id, node=job.node, started_us=started_us,
+            gpus=tuple(job.gpus), user=job.user, uid=job.uid, account=job.account, partition=job.partition,
+            name=name, nodes=tuple(job.nodes), node_count=job.node_count, time_limit_s=time_limit,
+            token_file=token_file,
+        ))
+    except (OSError, ValueError, ImportError) as exc:
+        log.error("job %s: cannot write the registration in %s: %s", job.job_id, settings.registration_dir, exc)
+
+    record = {
+        "kind": "job_started", "job": job.job_id, "ts": started_us, "node": job.node, "user": job.user,
+        "uid": job.uid, "account": job.account, "partition": job.partition, "name": name,
+        "nodes": job.nodes, "node_count": job.node_count, "gpus": [str(g) for g in job.gpus],
+        "time_limit_s": time_limit,
+    }
+    sender = HookSender(settings, _node_token(settings, secret, job.node), spool_dir(settings, env), deadline)
+    sender.send(_source(settings, "prolog", job), [{k: v for k, v in record.items() if v is not None}])
+    sender.replay()
+
+
+def run_epilog(env: dict[str, str], settings: AgentSettings, hooks: HookSettings) -> None:
+    deadline = time.monotonic() + 2 * NET_TIMEOUT_S
+    job = job_from_env(env, settings)
+    secret = read_secret(hooks.secret_file)
+    record: dict[str, Any] = {"kind": "job_ended", "job": job.job_id, "ts": wire.now_us(), "node": job.node}
+    exit_code = exit_code_from_env(env)
+    if exit_code is not None:
+        record["exit_code"] = exit_code
+    sender = HookSender(settings, _node_token(settings, secret, job.node), spool_dir(settings, env), deadline)
+    sender.send(_source(settings, "epilog", job), [record])
+    try:
+        from jobsight.agent.node.registrations import remove_registration
+
+        remove_registration(settings.registration_dir, job.job_id)
+    except (OSError, ValueError, ImportError) as exc:
+        log.error("job %s: cannot remove the registration: %s", job.job_id, exc)
+    try:
+        os.unlink(token_path(hooks.token_dir, job.job_id))
+    except FileNotFoundError:
+        pass
+    except OSError as exc:
+        log.error("job %s: cannot remove the token file: %s", job.job_id, exc)
+    sender.replay()
+
+
+def task_prolog_lines(env: dict[str, str], settings: AgentSettings, hooks: HookSettings) -> list[str]:
+    """The ``export`` lines, one variable each (Slurm reads one per line). Values that
+    would need quoting are left out rather than risk a broken environment."""
+    job = job_id_from_env(env)
+    values = {"JOBSIGHT_URL": settings.url, "JOBSIGHT_CLUSTER": settings.cluster, "JOBSIGHT_JOB_ID": job}
+    try:
+        with open(token_path(hooks.token_dir, job), encoding="ascii") as handle:
+            values["JOBSIGHT_TOKEN"] = handle.read().strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        log.warning("job %s: no token for the job (%s)", job, getattr(exc, "strerror", None) or exc)
+    lines = []
+    for name, value in values.items():
+        if value and _SAFE_VALUE.match(value):
+            lines.append(f"export {name}={value}")
+        elif value:
+            log.warning("job %s: %s has characters a task prolog cannot export; left out", job, name)
+    return lines
+
+
+def run_hook(hook: str, env: dict[str, str] | None = None) -> int:
+    """Run one hook; always returns 0 (problems are logged)."""
+    env = dict(os.environ) if env is None else env
+    try:
+        hooks = load_hook_settings(env)
+        setup_hook_logging(hook, hooks.log_file)
+        settings = load_agent_settings(env)
+        if hook == "prolog":
+            run_prolog(env, settings, hooks)
+        elif hook == "epilog":
+            run_epilog(env, settings, hooks)
+        else:
+            lines = task_prolog_lines(env, settings, hooks)
+            sys.stdout.write("".join(line + "\n" for line in lines))
+            sys.stdout.flush()
+    except Exception as exc:  # boundary: a hook never fails the job or drains the node
+        log.exception("job %s: %s failed: %s", env.get("SLURM_JOB_ID", "?"), hook, exc)
+    return 0

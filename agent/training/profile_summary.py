@@ -1,0 +1,195 @@
+"""What a profile says: where one rank's time went (compute, communication, memcpy, data
+loading, idle) from the Chrome trace events, the top ops from the torch profiler, and the
+CUDA memory facts. Feeds the ``summary`` of a ``profile`` record (:mod:`jobsight.agent.training.profiling`)."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, Final
+
+TOP_OPS: Final = 15
+
+COMM_PATTERN: Final = re.compile(
+    r"nccl|gloo|c10d|all_?reduce|all_?gather|reduce_?scatter|broadcast|barrier|all_?to_?all|send|recv", re.I
+)
+DATA_PATTERN: Final = re.compile(r"DataLoader|jobsight\.data_wait", re.I)
+MEMCPY_PATTERN: Final = re.compile(r"memcpy|memset", re.I)
+
+
+# -- the time breakdown, from trace events -------------------------------------------------
+
+
+Interval = tuple[float, float]
+
+
+def _union(intervals: Iterable[Interval]) -> list[Interval]:
+    merged: list[Interval] = []
+    for start, end in sorted(intervals):
+        if merged and start <= merged[-1][1]:
+            if end > merged[-1][1]:
+                merged[-1] = (merged[-1][0], end)
+        else:
+            merged.append((start, end))
+    return merged
+
+
+def _length(intervals: Iterable[Interval]) -> float:
+    return sum(end - start for start, end in _union(intervals))
+
+
+def _clip(intervals: Iterable[Interval], lo: float, hi: float) -> list[Interval]:
+    return [(max(s, lo), min(e, hi)) for s, e in intervals if e > lo and s < hi]
+
+
+def breakdown(events: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """Where one rank's time went over the profiled steps, from Chrome trace events.
+
+    Categories are exclusive, taken in this order: communication (nccl/gloo/c10d
+    collectives), memcpy, data loading, compute; idle is what is left of the window.
+    On a GPU the basis is the device's timeline (kernels); on CPU only it is the host's.
+    ``comm_overlap`` is the share of communication time that overlaps compute (``None``
+    without communication). Times are µs.
+    """
+    steps = [e for e in events if e.get("ph") == "X" and str(e.get("name", "")).startswith("ProfilerStep#")]
+    spans = [(float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0))) for e in steps if "ts" in e]
+    timed = [e for e in events if e.get("ph") == "X" and "ts" in e and e.get("cat") != "Trace"]
+    if not spans:
+        spans = [(float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0))) for e in timed]
+    if not spans:
+        return {"basis": "none", "window_us": 0.0}
+    lo, hi = min(s for s, _ in spans), max(e for _, e in spans)
+    kernels = [e for e in timed if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
+    basis = "device" if kernels else "host"
+    pool = kernels if kernels else [e for e in timed if e.get("cat") in ("cpu_op", "user_annotation")]
+    comm: list[Interval] = []
+    memcpy: list[Interval] = []
+    data: list[Interval] = []
+    compute: list[Interval] = []
+    for event in pool:
+        name = str(event.get("name", ""))
+        if name.startswith("ProfilerStep#"):
+            continue
+        span = (float(event["ts"]), float(event["ts"]) + float(event.get("dur", 0)))
+        if COMM_PATTERN.search(name):
+            comm.append(span)
+        elif event.get("cat") in ("gpu_memcpy", "gpu_memset") or MEMCPY_PATTERN.search(name):
+            memcpy.append(span)
+        elif DATA_PATTERN.search(name):
+            data.append(span)
+        elif event.get("cat") != "user_annotation":
+            compute.append(span)
+    if basis == "host" and not comm:
+        # A gloo collective runs on its own thread; its CPU-side record still counts.
+        comm = [
+            (float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0)))
+            for e in timed
+            if COMM_PATTERN.search(str(e.get("name", "")))
+        ]
+    if basis == "device":
+        # Data loading happens on the host; count it where the device had nothing to do.
+        data = [
+            (float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0)))
+            for e in timed
+            if DATA_PATTERN.search(str(e.get("name", "")))
+        ]
+    comm, memcpy, data, compute = (_clip(x, lo, hi) for x in (comm, memcpy, data, compute))
+    window = hi - lo
+    comm_us = _length(comm)
+    memcpy_us = _length(comm + memcpy) - comm_us
+    data_us = _length(comm + memcpy + data) - comm_us - memcpy_us
+    busy = _length(comm + memcpy + data + compute)
+    compute_us = busy - comm_us - memcpy_us - data_us
+    compute_all = _length(compute)
+    overlap = None
+    if comm_us > 0:
+        overlap = max(0.0, comm_us + compute_all - _length(comm + compute)) / comm_us
+    result: dict[str, Any] = {
+        "basis": basis,
+        "window_us": round(window, 1),
+        "compute_us": round(compute_us, 1),
+        "communication_us": round(comm_us, 1),
+        "memcpy_us": round(memcpy_us, 1),
+        "data_loading_us": round(data_us, 1),
+        "idle_us": round(max(window - busy, 0.0), 1),
+        "comm_overlap": round(overlap, 3) if overlap is not None else None,
+        "step_count": len(steps),
+        "step_time_us": [round(e - s, 1) for s, e in spans] if steps else [],
+    }
+    if window > 0:
+        for key in ("compute", "communication", "memcpy", "data_loading", "idle"):
+            result[f"{key}_share"] = round(result[f"{key}_us"] / window, 4)
+    if kernels:
+        durations = [float(e.get("dur", 0)) for e in kernels if e.get("cat") == "kernel"]
+        result["kernel_count"] = len(durations)
+        result["kernel_mean_us"] = round(sum(durations) / len(durations), 2) if durations else 0.0
+    return result
+
+
+# -- the op summary, from the profiler --------------------------------------------------------
+
+
+def _op_row(avg: Any, steps: int) -> dict[str, Any]:
+    calls = int(avg.count)
+    flops = int(getattr(avg, "flops", 0) or 0)
+    return {
+        "name": str(avg.key)[:200],
+        "calls": calls,
+        "calls_per_step": round(calls / max(steps, 1), 1),
+        "self_cpu_us": round(float(avg.self_cpu_time_total), 1),
+        "cpu_total_us": round(float(avg.cpu_time_total), 1),
+        "self_device_us": round(float(getattr(avg, "self_device_time_total", 0.0) or 0.0), 1),
+        "cpu_memory_bytes": int(getattr(avg, "self_cpu_memory_usage", 0) or 0),
+        "device_memory_bytes": int(getattr(avg, "self_device_memory_usage", 0) or 0),
+        "flops": flops or None,
+    }
+
+
+def summarize(prof: Any, steps: int, top: int = TOP_OPS) -> dict[str, Any]:
+    """Top ops by self CPU and by self device time, with calls, memory, FLOPs and input shapes."""
+    averages = [a for a in prof.key_averages() if not str(a.key).startswith("ProfilerStep#")]
+    rows = {str(a.key): _op_row(a, steps) for a in averages}
+    shapes: dict[str, list[str]] = {}
+    try:
+        by_shape = sorted(prof.key_averages(group_by_input_shape=True), key=lambda a: -a.self_cpu_time_total)
+        for avg in by_shape:
+            listed = shapes.setdefault(str(avg.key), [])
+            if len(listed) < 3 and avg.input_shapes:
+                listed.append(str(avg.input_shapes)[:300])
+    except Exception:  # noqa: BLE001 - boundary: shapes are a nicety; some builds do not record them
+        shapes = {}
+    for name, row in rows.items():
+        row["input_shapes"] = shapes.get(name) or None
+    by_cpu = sorted(rows.values(), key=lambda r: -r["self_cpu_us"])[:top]
+    by_device = [r for r in sorted(rows.values(), key=lambda r: -r["self_device_us"]) if r["self_device_us"] > 0][:top]
+    repeated = sorted(rows.values(), key=lambda r: -r["calls_per_step"])[:5]
+    total_cpu = sum(r["self_cpu_us"] for r in rows.values())
+    total_device = sum(r["self_device_us"] for r in rows.values())
+    return {
+        "steps": steps,
+        "ops_by_self_cpu": by_cpu,
+        "ops_by_self_device": by_device,
+        "most_called": [{k: r[k] for k in ("name", "calls", "calls_per_step", "self_cpu_us")} for r in repeated],
+        "self_cpu_total_us": round(total_cpu, 1),
+        "self_device_total_us": round(total_device, 1),
+    }
+
+
+def memory_facts() -> dict[str, Any] | None:
+    """Peak and total CUDA memory, allocator retries and OOMs; ``None`` without CUDA or when torch cannot tell."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    try:
+        stats = torch.cuda.memory_stats()
+        total = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
+        return {
+            "peak_reserved_bytes": int(torch.cuda.max_memory_reserved()),
+            "peak_allocated_bytes": int(torch.cuda.max_memory_allocated()),
+            "total_bytes": int(total),
+            "alloc_retries": int(stats.get("num_alloc_retries", 0)),
+            "ooms": int(stats.get("num_ooms", 0)),
+        }
+    except Exception:  # noqa: BLE001 - boundary: memory facts are optional evidence
+        return None

@@ -1,0 +1,250 @@
+"""The records a training process sends: steps, metrics, run events and profiles.
+
+Framework callbacks (:mod:`~jobsight.agent.training.lightning`, :mod:`~jobsight.agent.training.keras`,
+:mod:`~jobsight.agent.training.torch`) are thin: each hook hands its numbers to a
+:class:`RunRecorder`, which builds wire records tagged with job, node, rank and pid
+(events, which are ``log`` records, also carry the thread id) and enqueues them on the
+shipper. ``enqueue`` never blocks or raises, so neither does anything here.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import threading
+import traceback
+import warnings
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from jobsight.agent.settings import AgentSettings, load_agent_settings
+from jobsight.agent.shipping.shipper import Shipper, get_shipper
+from jobsight.agent.training.context import RunContext, current_context
+from jobsight.agent.training.directives import DirectivePoller
+from jobsight.agent.training.profile_schedule import ProfileOptions, ProfileSchedule
+from jobsight.agent.training.profiling import StepProfiling
+from jobsight.protocol import wire
+
+EVENT_LOGGER = "jobsight.run"
+
+
+def _finite(value: Any) -> float | None:
+    """``value`` as a float, or ``None`` when it is not a finite number (tensors included)."""
+    try:
+        number = float(value.item() if hasattr(value, "item") else value)
+    except (TypeError, ValueError, RuntimeError):
+        return None
+    return number if math.isfinite(number) else None
+
+
+def json_safe(value: Any, depth: int = 0) -> Any:
+    """``value`` reduced to what the wire accepts (hyper-parameters hold anything)."""
+    if value is None or isinstance(value, (bool, str)):
+        return value[: wire.MAX_STRING] if isinstance(value, str) else value
+    if isinstance(value, int):
+        return value if -(2**63) <= value < 2**63 else str(value)
+    if isinstance(value, float):
+        return value if math.isfinite(value) else str(value)
+    if depth < 6 and isinstance(value, Mapping):
+        return {str(k)[:200]: json_safe(v, depth + 1) for k, v in list(value.items())[:200]}
+    if depth < 6 and isinstance(value, (list, tuple)):
+        return [json_safe(v, depth + 1) for v in list(value)[:200]]
+    try:
+        return repr(value)[:500]
+    except Exception:  # noqa: BLE001 - boundary: a broken __repr__ must not lose the record
+        return f"<{type(value).__name__}>"
+
+
+class RunRecorder:
+    """Builds and enqueues one training process's records.
+
+    ``settings=None`` uses the environment and the process-wide shipper; explicit
+    settings get a shipper of their own (tests, or a script talking to two collectors).
+    ``rank`` overrides the rank read from the environment (a framework often knows better).
+    """
+
+    def __init__(self, settings: AgentSettings | None = None, rank: int | None = None) -> None:
+        if settings is None:
+            self.settings = load_agent_settings()
+            self.shipper: Shipper = get_shipper(self.settings)
+            self._own_shipper = False
+        else:
+            self.settings = settings
+            self.shipper = Shipper(settings)
+            self._own_shipper = True
+        context = current_context(self.settings)
+        self.context: RunContext = context
+        self.rank: int | None = rank if rank is not None else context.rank
+        self.pid = os.getpid()
+
+    def set_rank(self, rank: int | None) -> None:
+        if rank is not None:
+            self.rank = rank
+
+    def _base(self, kind: str, ts: int | None = None) -> dict[str, Any]:
+        return {"kind": kind, "job": self.context.job, "ts": ts or wire.now_us(), "node": self.context.node}
+
+    def step(
+        self,
+        step: int,
+        duration_s: float,
+        *,
+        epoch: int | None = None,
+        phase: str = "train",
+        data_wait_s: float | None = None,
+        compute_s: float | None = None,
+        samples: int | None = None,
+    ) -> None:
+        """One finished step; ``data_wait_s``/``compute_s`` ``None`` means not measurable here."""
+        record = self._base("step")
+        record.update(
+            rank=self.rank, pid=self.pid, tid=threading.get_native_id(), step=int(step), epoch=epoch, phase=phase,
+            duration_s=max(float(duration_s), 0.0), data_wait_s=data_wait_s, compute_s=compute_s, samples=samples,
+        )
+        self.shipper.enqueue(record)
+
+    def metrics(self, values: Mapping[str, Any], step: int | None = None) -> None:
+        """Each finite number in ``values`` as a ``metric`` record; the rest are skipped."""
+        ts = wire.now_us()
+        tid = threading.get_native_id()
+        for name, raw in values.items():
+            value = _finite(raw)
+            if value is None:
+                continue
+            record = self._base("metric", ts)
+            record.update(
+                rank=self.rank, pid=self.pid, tid=tid, step=step, name=str(name)[: wire.MAX_STRING], value=value
+            )
+            self.shipper.enqueue(record)
+
+    def event(
+        self, message: str, *, level: str = "INFO", exception: BaseException | None = None, **attrs: Any
+    ) -> None:
+        """A run event (fit start, epoch end, checkpoint, failure) as a ``log`` record."""
+        record = self._base("log")
+        text = None
+        if exception is not None:
+            text = "".join(traceback.format_exception(type(exception), exception, exception.__traceback__))
+            text = text[-wire.MAX_MESSAGE :]
+        record.update(
+            rank=self.rank, pid=self.pid, tid=threading.get_native_id(), thread=threading.current_thread().name,
+            level=level, logger=EVENT_LOGGER, message=message[: wire.MAX_MESSAGE], exception=text,
+            attrs=json_safe(attrs) if attrs else None,
+        )
+        self.shipper.enqueue(record)
+
+    def run_started(self, *, demo: bool = False, name: str | None = None, attrs: Mapping[str, Any]) -> None:
+        """The run's metadata on the job (``job_started`` merges ``attrs`` into the job's)."""
+        record = self._base("job_started")
+        record.update(demo=demo, name=name, attrs=json_safe(dict(attrs)))
+        self.shipper.enqueue(record)
+
+    def profile(self, record: dict[str, Any]) -> None:
+        """A ready ``profile`` record from :mod:`~jobsight.agent.training.profiling` (job, node, rank and pid
+        filled in here)."""
+        record.update(self._base("profile"))
+        record.update(rank=self.rank, pid=self.pid)
+        self.shipper.enqueue(record)
+
+    def flush(self, timeout: float = 2.0) -> bool:
+        return self.shipper.flush(timeout)
+
+    def close(self, timeout: float = 2.0) -> None:
+        """Flush; a shipper of our own is shut down too (the process-wide one is left to ``atexit``)."""
+        if self._own_shipper:
+            self.shipper.shutdown(timeout)
+        else:
+            self.shipper.flush(timeout)
+
+
+def batch_size(batch: Any) -> int | None:
+    """Samples in a batch: the first dimension of its first tensor-like leaf; ``None`` when unknown."""
+    for _ in range(4):
+        shape = getattr(batch, "shape", None)
+        if shape is not None:
+            try:
+                return int(shape[0]) if len(shape) else None
+            except (TypeError, ValueError, IndexError):
+                return None
+        if isinstance(batch, Mapping):
+            batch = next(iter(batch.values()), None)
+        elif isinstance(batch, (list, tuple)) and batch:
+            batch = batch[0]
+        else:
+            return None
+    return None
+
+
+def warn_rank_zero(rank: int | None, message: str) -> None:
+    """A user-facing warning, from rank zero only (STYLE rule 11)."""
+    if not rank:
+        warnings.warn(message, RuntimeWarning, stacklevel=3)
+
+
+@dataclass
+class TrainingRun:
+    """What a callback holds for one run: its recorder, its profiling and the directive poller."""
+
+    recorder: RunRecorder
+    profiling: StepProfiling
+    poller: DirectivePoller | None
+    handler: logging.Handler | None = None
+    """A log handler of this run's own (explicit settings); removed at close."""
+
+    def close(self, flush_timeout_s: float = 2.0) -> None:
+        """Stop a window of ours, post pending request states, flush. Never raises."""
+        try:
+            self.profiling.close()
+            if self.poller is not None:
+                self.poller.stop(flush_timeout_s)
+            if self.handler is not None:
+                logging.getLogger().removeHandler(self.handler)
+            self.recorder.close(flush_timeout_s)
+        except Exception:  # noqa: BLE001 - boundary: closing telemetry must not fail the job
+            pass
+
+
+def open_run(
+    *,
+    settings: AgentSettings | None,
+    rank: int | None,
+    schedule: ProfileSchedule | None,
+    ranks: Sequence[int] | None,
+    options: ProfileOptions | None,
+    on_demand: bool,
+    attach_logs: bool,
+    extra: Mapping[str, Any],
+) -> TrainingRun:
+    """Recorder, log handler, in-process GPU sampler (when the node has no daemon), directive poller
+    and profiling for one training process. Never raises for telemetry trouble."""
+    recorder = RunRecorder(settings, rank=rank)
+    handler: logging.Handler | None = None
+    if attach_logs:
+        from jobsight.agent.training.logs import JobsightHandler, attach
+
+        if recorder._own_shipper:
+            # Explicit settings: this run's lines go to this run's collector, not the process-wide one.
+            handler = JobsightHandler(logging.INFO, recorder.settings, recorder.shipper)
+            root = logging.getLogger()
+            root.addHandler(handler)
+            if root.level > logging.INFO:
+                root.setLevel(logging.INFO)
+        else:
+            attach(settings=recorder.settings)
+    try:
+        from jobsight.agent.training.gpu_sampler import start_inprocess_sampler
+
+        shipper = recorder.shipper if recorder._own_shipper else None
+        start_inprocess_sampler(recorder.settings, recorder.context, shipper=shipper)
+    except Exception:  # noqa: BLE001 - boundary: GPU sampling is optional (no module, no NVML)
+        pass
+    poller = None
+    if on_demand:
+        poller = DirectivePoller(recorder.settings, recorder.context.job, recorder.rank)
+        poller.start()
+    profiling = StepProfiling(
+        recorder, schedule, ranks, options, poller, extra, warn=lambda message: warn_rank_zero(recorder.rank, message)
+    )
+    return TrainingRun(recorder, profiling, poller, handler)

@@ -1,0 +1,139 @@
+"""``jobsight agent``: start the node daemon, stop it cleanly on SIGTERM or SIGINT.
+
+Stopping drains the shipper for up to :data:`DRAIN_TIMEOUT_S` and exits 0 (what is not
+sent stays in the spool for the next start). NVML that cannot be used at start is one
+line on stderr and exit code :data:`EXIT_NO_NVML`. The sampling loop itself is
+:mod:`jobsight.agent.node.daemon`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import logging
+import os
+import signal
+import threading
+from types import FrameType
+from typing import Any, Final
+
+from jobsight.agent.node.daemon import MIN_INTERVAL_S, NodeDaemon
+from jobsight.agent.node.nvml import NvmlSampler, NvmlUnavailable
+from jobsight.agent.settings import AgentSettings, load_agent_settings
+from jobsight.agent.shipping.shipper import get_shipper
+from jobsight.cli import CliError
+from jobsight.protocol.tokens import DEFAULT_SECRET_FILE, NodeTokenSource
+
+log = logging.getLogger("jobsight.agent.daemon")
+
+DRAIN_TIMEOUT_S: Final = 5.0
+SHUTDOWN_TIMEOUT_S: Final = 2.0
+EXIT_NO_NVML: Final = 3
+SECRET_FILE_ENV: Final = "JOBSIGHT_SECRET_FILE"
+
+
+def configure_parser(name: str, parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--interval",
+        metavar="S",
+        help=f"seconds between samples (default JOBSIGHT_SAMPLE_INTERVAL_S or 5; at least {MIN_INTERVAL_S})",
+    )
+    parser.add_argument("--once", action="store_true", help="take one sample, ship it and exit")
+    parser.add_argument("--registration-dir", metavar="D", help="job registrations (default /run/jobsight/jobs)")
+    parser.add_argument("--nvml-library", metavar="PATH", help="libnvidia-ml.so.1 to load (default: the system one)")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log every tick (debug level)")
+
+
+def _parse_interval(raw: str | None) -> float | None:
+    if raw is None:
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        raise CliError(f"--interval: expected a number of seconds, got {raw!r}") from None
+    if not value >= MIN_INTERVAL_S or value == float("inf"):
+        raise CliError(f"--interval: must be at least {MIN_INTERVAL_S} seconds, got {raw!r}")
+    return value
+
+
+def run(name: str, args: argparse.Namespace) -> int:
+    interval = _parse_interval(args.interval)
+    if args.registration_dir is not None and not args.registration_dir.strip():
+        raise CliError("--registration-dir: expected a directory")
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    settings = load_agent_settings()
+    changes: dict[str, Any] = {}
+    if interval is not None:
+        changes["sample_interval_s"] = interval
+    if args.registration_dir:
+        changes["registration_dir"] = args.registration_dir
+    if args.nvml_library:
+        changes["nvml_library"] = args.nvml_library
+    settings = dataclasses.replace(settings, **changes)
+
+    # From here on a SIGTERM (systemd stopping us mid start-up) ends the loop cleanly.
+    stop = threading.Event()
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        stop.set()
+
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        return _serve(settings, args.once, stop)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _node_token(tokens: NodeTokenSource) -> str | None:
+    try:
+        return tokens.token()
+    except Exception:  # noqa: BLE001 - boundary: a minting bug must not stop the daemon
+        log.exception("jobsight agent: minting the node token failed")
+        return None
+
+
+def _serve(settings: AgentSettings, once: bool, stop: threading.Event) -> int:
+    sampler = NvmlSampler(settings.nvml_library)
+    try:
+        sampler.open()
+    except NvmlUnavailable as exc:
+        raise CliError(str(exc), EXIT_NO_NVML) from None
+
+    tokens = NodeTokenSource(os.environ.get(SECRET_FILE_ENV) or DEFAULT_SECRET_FILE, settings.cluster, settings.node)
+    minting = not settings.token  # an explicit JOBSIGHT_TOKEN wins over minting
+    if minting:
+        minted = _node_token(tokens)
+        if minted is not None:
+            settings = dataclasses.replace(settings, token=minted)
+    shipper = get_shipper(settings)
+    shipper.start()  # replay what an earlier run left in the spool
+    current_token = settings.token
+
+    def renew() -> None:
+        nonlocal current_token
+        fresh = _node_token(tokens)
+        if fresh is not None and fresh != current_token:
+            current_token = fresh
+            shipper.set_token(fresh)
+
+    daemon = NodeDaemon(settings, sampler, shipper)
+    log.info(
+        "jobsight agent: node %s, sampling every %.3g s, shipping to %s, registrations in %s",
+        settings.node,
+        daemon.interval_s,
+        settings.url,
+        daemon.registration_dir,
+    )
+    try:
+        daemon.run(stop, once=once, before_tick=renew if minting else None)
+    finally:
+        drained = shipper.flush(DRAIN_TIMEOUT_S)
+        shipper.shutdown(SHUTDOWN_TIMEOUT_S)
+        sampler.close()
+    if not drained:
+        log.warning("jobsight agent: not everything was sent before exit; the rest waits in the spool")
+    return 0

@@ -1,0 +1,222 @@
+"""``jobsight report JOBID``: a jobstats-style efficiency report, read from the collector.
+
+Reads ``GET /v1/jobs/{job}`` and ``GET /v1/jobs/{job}/summary`` with the token from
+the agent settings (``JOBSIGHT_TOKEN``, ``JOBSIGHT_TOKEN_FILE``, or the local admin
+token when the collector is on loopback): inside a job, the task prolog's job token
+reads that job. Standard library only. Problems are one line on stderr (exit 1 for
+an unreachable collector or an unknown job, 2 for a refused token).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime as dt
+import json
+import sys
+import urllib.error
+import urllib.request
+from typing import Any, Final
+from urllib.parse import quote, urlencode
+
+from jobsight.agent.settings import AgentSettings, load_agent_settings
+from jobsight.cli import CliError
+
+TIMEOUT_S: Final = 10.0
+WIDTH: Final = 72
+BAR: Final = 40
+
+ENERGY_SOURCES: Final = {"counter": "energy counter", "power": "from power samples"}
+HINTS: Final = {
+    "idle_gpu": "At least one allocated GPU was idle (mean utilisation under {idle:.0f} %). "
+                "Request fewer GPUs (--gres=gpu:N) or make sure every rank uses its own GPU.",
+    "low_utilization": "Mean GPU utilisation was under {low:.0f} %. Look for an input-bound loop "
+                       "(data loading, CPU preprocessing) or too small a batch; a profile on the "
+                       "dashboard shows where the time goes.",
+    "memory_mostly_unused": "Peak GPU memory stayed under {mem:.0f} % of the total: a larger batch "
+                            "may run faster, or a smaller GPU type would do.",
+}
+
+
+def configure_parser(name: str, parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("job", metavar="JOBID", help="Slurm job id (or local-... run id)")
+    parser.add_argument("--cluster", help="cluster name (default: JOBSIGHT_CLUSTER, else the collector's own)")
+    parser.add_argument("--url", help="collector URL (default: JOBSIGHT_URL)")
+    parser.add_argument("--json", action="store_true", help="print the job and its summary as JSON instead")
+
+
+def _get(settings: AgentSettings, path: str, query: dict[str, str]) -> Any:
+    url = settings.url.rstrip("/") + path + (f"?{urlencode(query)}" if query else "")
+    request = urllib.request.Request(url, headers={"Accept": "application/json"})
+    token = settings.resolved_token()
+    if token:
+        request.add_header("Authorization", f"Bearer {token}")
+    try:
+        with urllib.request.urlopen(request, timeout=TIMEOUT_S) as response:
+            return json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        try:
+            detail = json.loads(exc.read()).get("detail")
+            message = detail.get("error") if isinstance(detail, dict) else detail
+        except (ValueError, AttributeError):
+            message = exc.reason
+        if exc.code == 404:
+            raise CliError(f"{message or 'not found'}", code=1) from None
+        if exc.code in (401, 403):
+            raise CliError(f"the collector refused the token (HTTP {exc.code}: {message})", code=2) from None
+        raise CliError(f"the collector answered HTTP {exc.code}: {message}", code=1) from None
+    except (urllib.error.URLError, OSError) as exc:
+        reason = getattr(exc, "reason", exc)
+        raise CliError(f"cannot reach the collector at {settings.url} ({reason})", code=1) from None
+    except ValueError as exc:
+        raise CliError(f"the collector at {settings.url} did not answer JSON ({exc})", code=1) from None
+
+
+def fetch(settings: AgentSettings, job: str, cluster: str | None) -> tuple[dict[str, Any], dict[str, Any]]:
+    query = {"cluster": cluster} if cluster else {}
+    base = f"/v1/jobs/{quote(job, safe='')}"
+    return _get(settings, base, query), _get(settings, base + "/summary", query)
+
+
+# -- formatting ----------------------------------------------------------------------
+
+
+def _duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    seconds = int(round(seconds))
+    days, rest = divmod(seconds, 86400)
+    text = f"{rest // 3600:02d}:{rest % 3600 // 60:02d}:{rest % 60:02d}"
+    return f"{days}-{text}" if days else text
+
+
+def _bytes(value: float | None) -> str:
+    if value is None:
+        return "-"
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if abs(value) < 1024 or unit == "TB":
+            return f"{value:.0f}{unit}" if unit == "B" else f"{value:.1f}{unit}"
+        value /= 1024
+    return f"{value:.1f}TB"
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{value:.0f}%"
+
+
+def _bar(percent: float | None) -> str:
+    if percent is None:
+        return f"[{'(no data)':^{BAR + 5}}]"
+    filled = max(0, min(BAR, round(percent / 100 * BAR)))
+    return f"[{'|' * filled}{' ' * (BAR - filled)} {percent:3.0f}%]"
+
+
+def _time(value: Any) -> str:
+    if not value:
+        return "-"
+    try:
+        return dt.datetime.fromisoformat(str(value)).astimezone().strftime("%a %b %d, %Y at %H:%M:%S")
+    except ValueError:
+        return str(value)
+
+
+def _heading(title: str) -> list[str]:
+    return ["", f"{title:^{WIDTH}}", "=" * WIDTH]
+
+
+def _gpu_label(gpu: dict[str, Any]) -> str:
+    mig = f" MIG {gpu['mig_uuid']}" if gpu.get("mig_uuid") else ""
+    return f"{gpu.get('node') or '?'} (GPU {gpu.get('gpu_index')}{mig})"
+
+
+def format_report(job: dict[str, Any], answer: dict[str, Any]) -> str:
+    """The report text for a job row (``GET /v1/jobs/{job}``) and its summary answer."""
+    summary: dict[str, Any] = answer.get("summary") or {}
+    gpus: list[dict[str, Any]] = summary.get("gpus") or []
+    state = str(job.get("state") or "unknown").upper()
+    if job.get("exit_code") is not None:
+        state += f" (exit code {job['exit_code']})"
+    if not answer.get("final"):
+        state += "  [running: figures so far]"
+    user = job.get("user_name") or "-"
+    if job.get("uid") is not None:
+        user += f" (uid {job['uid']})"
+    nodes = job.get("nodes") or []
+    lines = ["=" * WIDTH, f"{'Job Statistics (jobsight)':^{WIDTH}}", "=" * WIDTH]
+    for label, value in (
+        ("Job ID", job.get("job_id")),
+        ("Cluster", job.get("cluster")),
+        ("User/Account", f"{user}/{job.get('account') or '-'}"),
+        ("Job Name", job.get("name") or "-"),
+        ("State", state),
+        ("Nodes", f"{len(nodes) or job.get('node_count') or '-'}" + (f" ({', '.join(nodes)})" if nodes else "")),
+        ("GPUs", summary.get("gpu_count") if summary.get("gpu_count") is not None else "-"),
+        ("Partition", job.get("partition") or "-"),
+        ("Start Time", _time(job.get("start_time"))),
+        ("End Time", _time(job.get("end_time")) if job.get("end_time") else "-"),
+        ("Run Time", _duration(summary.get("elapsed_s"))),
+        ("Time Limit", _duration(job.get("time_limit_s"))),
+        ("GPU-hours", f"{summary['gpu_hours']:.3f}" if summary.get("gpu_hours") is not None else "-"),
+        ("Energy", f"{summary['energy_kwh']:.4f} kWh" if summary.get("energy_kwh") is not None else "-"),
+    ):
+        lines.append(f"{label:>15}: {value}")
+
+    shares = [g["peak_mem_share"] * 100 for g in gpus if g.get("peak_mem_share") is not None]
+    lines += _heading("Overall Utilization")
+    lines.append(f"  GPU utilization  {_bar(summary.get('mean_util'))}")
+    lines.append(f"  GPU memory usage {_bar(sum(shares) / len(shares) if shares else None)}")
+
+    lines += _heading("Detailed Utilization")
+    if not gpus:
+        lines.append("  No GPU samples were recorded for this job.")
+    else:
+        lines.append("  GPU utilization per node (mean, max, time idle under 5 %)")
+        for gpu in gpus:
+            idle = gpu.get("idle_fraction")
+            lines.append(f"      {_gpu_label(gpu)}: {_pct(gpu.get('mean_util'))} (max {_pct(gpu.get('max_util'))}, "
+                         f"idle {_pct(idle * 100 if idle is not None else None)})")
+        lines.append("  GPU memory usage per node - maximum used/total")
+        for gpu in gpus:
+            share = gpu.get("peak_mem_share")
+            used, total = _bytes(gpu.get("peak_mem_bytes")), _bytes(gpu.get("mem_total_bytes"))
+            percent = _pct(share * 100 if share is not None else None)
+            lines.append(f"      {_gpu_label(gpu)}: {used}/{total} ({percent})")
+        lines.append("  GPU energy per node")
+        for gpu in gpus:
+            energy = gpu.get("energy_kwh")
+            source = ENERGY_SOURCES.get(gpu.get("energy_source") or "", "")
+            lines.append(f"      {_gpu_label(gpu)}: " + (f"{energy:.4f} kWh ({source})" if energy is not None else "-"))
+    steps = summary.get("steps")
+    if steps:
+        rate = f"{steps['steps_per_s']:.2f} steps/s" if steps.get("steps_per_s") else "- steps/s"
+        first = steps.get("time_to_first_step_s")
+        lines.append(f"  Training: {steps.get('count')} steps at {rate}"
+                     + (f"; first step done {first:.1f} s after the job started" if first is not None else ""))
+
+    lines += _heading("Notes")
+    thresholds = summary.get("thresholds") or {}
+    values = {"idle": thresholds.get("idle_util", 5), "low": thresholds.get("low_util", 30),
+              "mem": thresholds.get("low_memory_share", 0.25) * 100}
+    flags = summary.get("flags") or []
+    for flag in flags:
+        idle = [_gpu_label(g) for g in gpus if flag in (g.get("flags") or [])]
+        hint = HINTS.get(flag, flag).format(**values)
+        lines.append(f"  * {flag}: {hint}" + (f" ({', '.join(idle)})" if flag == "idle_gpu" and idle else ""))
+    if not flags and gpus:
+        lines.append("  * No efficiency problems found.")
+    if answer.get("dashboard_url"):
+        lines.append(f"  * Dashboard: {answer['dashboard_url']}")
+    return "\n".join(lines) + "\n"
+
+
+def run(name: str, args: argparse.Namespace) -> int:
+    settings = load_agent_settings()
+    if args.url:
+        settings = dataclasses.replace(settings, url=args.url)
+    cluster = args.cluster or (settings.cluster if settings.cluster != "default" else None)
+    job, answer = fetch(settings, args.job, cluster)
+    if args.json:
+        sys.stdout.write(json.dumps({"job": job, **answer}, indent=2, sort_keys=True, default=str) + "\n")
+    else:
+        sys.stdout.write(format_report(job, answer))
+    return 0

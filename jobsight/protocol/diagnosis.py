@@ -1,0 +1,284 @@
+"""Plain-language hints from a profile summary and a job's samples.
+
+Standard library only: the agent runs it on each profile window and the collector
+on a whole job (several ranks' steps, GPU samples). Each rule returns at most one
+hint: ``{"rule", "severity", "title", "message", "evidence"}``, where ``evidence``
+holds the numbers the hint rests on, so a reader can check it.
+"""
+
+from __future__ import annotations
+
+import re
+import statistics
+from collections import defaultdict
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+Hint = dict[str, Any]
+
+_HALF_KERNELS = re.compile(r"fp16|bf16|half|bfloat|h884|h1688|h16816|s16816|f16", re.I)
+_MATMUL = re.compile(r"gemm|matmul|conv|mm\b|addmm|bmm|linear|cutlass|sm\d+_xmma", re.I)
+# Ops a training step legitimately calls many times (one per parameter, say) are still
+# a Python loop over tensors; nothing is excluded but the profiler's own markers.
+_MARKERS = re.compile(r"^(ProfilerStep#|\[memory\]|enumerate\(DataLoader\))")
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    input_bound_share: float = 0.20
+    launch_bound_idle_share: float = 0.40
+    launch_bound_kernel_us: float = 20.0
+    loop_calls_per_step: float = 100.0
+    comm_share: float = 0.30
+    comm_overlap: float = 0.50
+    memory_share: float = 0.92
+    straggler_ratio: float = 1.25
+    straggler_min_s: float = 0.002
+    idle_gpu_util: float = 10.0
+    idle_device_share: float = 0.50
+
+
+def _hint(rule: str, severity: str, title: str, message: str, **evidence: Any) -> Hint:
+    return {"rule": rule, "severity": severity, "title": title, "message": message, "evidence": evidence}
+
+
+def _pct(share: float) -> str:
+    return f"{100 * share:.0f}%"
+
+
+def _num(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value)
+
+
+# -- rules over one profile summary --------------------------------------------------------
+
+
+def _input_bound_profile(summary: Mapping[str, Any], t: Thresholds) -> Hint | None:
+    share = _num(summary.get("breakdown", {}).get("data_loading_share"))
+    if share is None or share < t.input_bound_share:
+        return None
+    return _hint(
+        "input_bound", "warning", "Waiting for data",
+        f"{_pct(share)} of the profiled steps went to loading data. More DataLoader workers, "
+        "pin_memory, prefetching or a faster input format would feed the model faster.",
+        data_loading_share=share, threshold=t.input_bound_share,
+    )
+
+
+def _launch_bound(summary: Mapping[str, Any], t: Thresholds) -> Hint | None:
+    times = summary.get("breakdown", {})
+    if times.get("basis") != "device":
+        return None
+    idle = _num(times.get("idle_share"))
+    mean_kernel = _num(times.get("kernel_mean_us"))
+    if idle is None or mean_kernel is None:
+        return None
+    if idle < t.launch_bound_idle_share or mean_kernel > t.launch_bound_kernel_us:
+        return None
+    steps = max(int(summary.get("steps") or 1), 1)
+    kernels = int(times.get("kernel_count") or 0)
+    return _hint(
+        "launch_bound", "warning", "CPU cannot keep the GPU busy",
+        f"The GPU sat idle {_pct(idle)} of the time while running many small kernels "
+        f"({kernels // steps} per step, {mean_kernel:.1f} µs on average): the CPU launching them is the "
+        "bottleneck. Larger batches, torch.compile or CUDA graphs cut launches.",
+        device_idle_share=idle, kernel_mean_us=mean_kernel, kernels_per_step=kernels // steps,
+    )
+
+
+def _no_mixed_precision(summary: Mapping[str, Any], t: Thresholds) -> Hint | None:
+    if summary.get("device") != "cuda":
+        return None
+    precision = str(summary.get("precision") or "")
+    if any(tag in precision for tag in ("16", "bf", "half", "fp8")):
+        return None
+    ops = summary.get("ops_by_self_device") or []
+    if any(_HALF_KERNELS.search(str(op.get("name", ""))) for op in ops):
+        return None
+    total = _num(summary.get("self_device_total_us")) or 0.0
+    matmul = sum(_num(op.get("self_device_us")) or 0.0 for op in ops if _MATMUL.search(str(op.get("name", ""))))
+    share = matmul / total if total else 0.0
+    if share < 0.2:
+        return None
+    return _hint(
+        "no_mixed_precision", "info", "No mixed precision",
+        f"Matrix multiplications and convolutions take {_pct(share)} of GPU time and all of them run in "
+        "32-bit. bf16/fp16 autocast (Lightning: precision='bf16-mixed') typically makes them several times faster.",
+        matmul_device_share=round(share, 3), precision=precision or None,
+    )
+
+
+def _python_loop(summary: Mapping[str, Any], t: Thresholds) -> Hint | None:
+    ops = [
+        op for op in summary.get("most_called") or []
+        if (_num(op.get("calls_per_step")) or 0) >= t.loop_calls_per_step and not _MARKERS.search(str(op.get("name")))
+    ]
+    if not ops:
+        return None
+    top = ops[0]
+    total = _num(summary.get("self_cpu_total_us")) or 0.0
+    share = sum(_num(op.get("self_cpu_us")) or 0.0 for op in ops) / total if total else 0.0
+    names = ", ".join(f"{op['name']} ×{op['calls_per_step']:.0f}" for op in ops[:3])
+    return _hint(
+        "python_loop", "warning", "A Python loop over tensor operations",
+        f"{top['name']} runs {top['calls_per_step']:.0f} times per step ({names}): a Python loop is issuing "
+        "one small operation per element (e.g. a per-token loss). Batching it into one tensor operation "
+        "removes the loop and its memory.",
+        op=top["name"], calls_per_step=top["calls_per_step"], calls=top.get("calls"),
+        steps=summary.get("steps"), self_cpu_share=round(share, 3), threshold=t.loop_calls_per_step,
+    )
+
+
+def _communication_bound(summary: Mapping[str, Any], t: Thresholds) -> Hint | None:
+    times = summary.get("breakdown", {})
+    share = _num(times.get("communication_share"))
+    overlap = _num(times.get("comm_overlap"))
+    if share is None or share < t.comm_share or (overlap is not None and overlap >= t.comm_overlap):
+        return None
+    return _hint(
+        "communication_bound", "warning", "Communication-bound",
+        f"Collectives (all-reduce and friends) take {_pct(share)} of the step and only "
+        f"{_pct(overlap or 0.0)} of that overlaps computation. Larger per-GPU batches, gradient accumulation, "
+        "bucket tuning or a faster interconnect help.",
+        communication_share=share, comm_overlap=overlap,
+    )
+
+
+def _memory_profile(summary: Mapping[str, Any], t: Thresholds) -> Hint | None:
+    memory = summary.get("memory") or {}
+    total = _num(memory.get("total_bytes"))
+    peak = _num(memory.get("peak_reserved_bytes"))
+    retries = int(memory.get("alloc_retries") or 0)
+    ooms = int(memory.get("ooms") or 0)
+    share = peak / total if total and peak is not None else None
+    if not (retries or ooms or (share is not None and share >= t.memory_share)):
+        return None
+    return _hint(
+        "memory_pressure", "warning", "GPU memory pressure",
+        f"Peak reserved memory is {_pct(share or 0.0)} of the GPU, with {retries} allocator retries and "
+        f"{ooms} out-of-memory errors: the allocator is flushing its cache to fit. Activation checkpointing, "
+        "a smaller batch or mixed precision frees memory.",
+        peak_share=round(share, 3) if share is not None else None, alloc_retries=retries, ooms=ooms,
+    )
+
+
+def _idle_device(summary: Mapping[str, Any], t: Thresholds) -> Hint | None:
+    times = summary.get("breakdown", {})
+    idle = _num(times.get("idle_share"))
+    if times.get("basis") != "device" or idle is None or idle < t.idle_device_share:
+        return None
+    return _hint(
+        "idle_gpu", "warning", "GPU idle",
+        f"The GPU had no work {_pct(idle)} of the profiled time.",
+        device_idle_share=idle,
+    )
+
+
+# -- rules over a job's samples ------------------------------------------------------------
+
+
+def _input_bound_steps(steps: Sequence[Mapping[str, Any]], t: Thresholds) -> Hint | None:
+    waited = [(_num(s.get("data_wait_s")), _num(s.get("duration_s"))) for s in steps]
+    pairs = [(w, d) for w, d in waited if w is not None and d is not None]
+    total = sum(d for _, d in pairs)
+    if len(pairs) < 3 or total <= 0:
+        return None
+    share = sum(w for w, _ in pairs) / total
+    if share < t.input_bound_share:
+        return None
+    return _hint(
+        "input_bound", "warning", "Waiting for data",
+        f"{_pct(share)} of step time over {len(pairs)} steps was spent waiting for the next batch. "
+        "More DataLoader workers, pin_memory or prefetching would feed the model faster.",
+        data_wait_share=round(share, 3), steps=len(pairs), threshold=t.input_bound_share,
+    )
+
+
+def _straggler(steps: Sequence[Mapping[str, Any]], t: Thresholds) -> Hint | None:
+    by_rank: dict[int, list[float]] = defaultdict(list)
+    for s in steps:
+        rank, duration = s.get("rank"), _num(s.get("duration_s"))
+        if isinstance(rank, int) and duration is not None:
+            by_rank[rank].append(duration)
+    if len(by_rank) < 2:
+        return None
+    medians = {rank: statistics.median(values) for rank, values in by_rank.items() if values}
+    overall = statistics.median(medians.values())
+    rank, slowest = max(medians.items(), key=lambda item: item[1])
+    if overall <= 0 or slowest < t.straggler_ratio * overall or slowest - overall < t.straggler_min_s:
+        return None
+    return _hint(
+        "straggler", "warning", f"Rank {rank} is a straggler",
+        f"Rank {rank}'s median step takes {slowest * 1000:.1f} ms against {overall * 1000:.1f} ms across ranks "
+        f"({slowest / overall:.2f}×); every other rank waits for it at each synchronisation. Check its node, "
+        "GPU clocks and data shard.",
+        rank=rank, rank_median_s=round(slowest, 6), ranks_median_s=round(overall, 6),
+        ratio=round(slowest / overall, 3), ranks=len(medians),
+    )
+
+
+def _gpu_samples(samples: Sequence[Mapping[str, Any]], t: Thresholds) -> list[Hint]:
+    hints: list[Hint] = []
+    utils = [u for u in (_num(s.get("util_gpu")) for s in samples) if u is not None]
+    if len(utils) >= 3:
+        mean = statistics.fmean(utils)
+        if mean < t.idle_gpu_util:
+            hints.append(_hint(
+                "idle_gpu", "warning", "GPU idle",
+                f"The job's GPUs averaged {mean:.1f}% utilisation over {len(utils)} samples: the allocation is "
+                "mostly unused. Check that the code runs on the GPU and is not waiting on input or other ranks.",
+                mean_util=round(mean, 2), samples=len(utils), threshold=t.idle_gpu_util,
+            ))
+    shares = [
+        used / total for used, total in ((_num(s.get("mem_used")), _num(s.get("mem_total"))) for s in samples)
+        if used is not None and total
+    ]
+    if shares and max(shares) >= t.memory_share:
+        hints.append(_hint(
+            "memory_pressure", "warning", "GPU memory nearly full",
+            f"GPU memory reached {_pct(max(shares))} of capacity; the allocator may be flushing its cache "
+            "and an out-of-memory error is close.",
+            max_memory_share=round(max(shares), 3), samples=len(shares),
+        ))
+    return hints
+
+
+_PROFILE_RULES: tuple[Callable[[Mapping[str, Any], Thresholds], Hint | None], ...] = (
+    _input_bound_profile, _launch_bound, _no_mixed_precision, _python_loop,
+    _communication_bound, _memory_profile, _idle_device,
+)
+
+
+def diagnose(
+    profile: Mapping[str, Any] | None = None,
+    *,
+    steps: Sequence[Mapping[str, Any]] = (),
+    gpu_samples: Sequence[Mapping[str, Any]] = (),
+    thresholds: Thresholds | None = None,
+) -> list[Hint]:
+    """Every hint that applies, one per rule (a rule seen in both a profile and samples keeps the first).
+
+    ``profile`` is a summary from :func:`jobsight.agent.training.profiling.summarize` (plus its breakdown);
+    ``steps`` are step records or rows (``rank``, ``duration_s``, ``data_wait_s``);
+    ``gpu_samples`` rows with ``util_gpu``, ``mem_used``, ``mem_total``.
+    """
+    t = thresholds or Thresholds()
+    hints: list[Hint] = []
+    if profile:
+        for rule in _PROFILE_RULES:
+            hint = rule(profile, t)
+            if hint is not None:
+                hints.append(hint)
+    for hint in (_input_bound_steps(steps, t), _straggler(steps, t), *_gpu_samples(gpu_samples, t)):
+        if hint is not None:
+            hints.append(hint)
+    seen: set[str] = set()
+    unique = []
+    for hint in hints:
+        if hint["rule"] not in seen:
+            seen.add(hint["rule"])
+            unique.append(hint)
+    return unique
