@@ -23,12 +23,15 @@ DEFAULT_URL = "http://127.0.0.1:8787"
 
 
 @dataclass(frozen=True)
-class IngestEndpoint:
+class CollectorEndpoint:
+    """The collector URL taken apart for ``http.client`` and sockets."""
+
     https: bool
     host: str
     port: int | None
     """``None``: the scheme's default port."""
-    path: str
+    prefix: str
+    """The URL's path without a trailing slash (``""`` at the root); API paths go under it."""
 
 
 @dataclass(frozen=True)
@@ -57,14 +60,13 @@ class AgentSettings:
     data_dir: str = field(default_factory=default_data_dir)
     directive_poll_s: float = 3.0
 
-    def ingest_endpoint(self) -> IngestEndpoint:
-        """Where batches are POSTed, taken apart for ``http.client``."""
+    def collector_endpoint(self) -> CollectorEndpoint:
         parsed = urlparse(self.url)
-        return IngestEndpoint(
+        return CollectorEndpoint(
             https=parsed.scheme == "https",
             host=parsed.hostname or "127.0.0.1",
             port=parsed.port,
-            path=parsed.path.rstrip("/") + "/v1/ingest",
+            prefix=parsed.path.rstrip("/"),
         )
 
     def resolved_spool_dir(self) -> str:

@@ -21,7 +21,8 @@ from typing import Final
 
 from jobsight.agent.settings import AgentSettings
 from jobsight.agent.shipping.batch_store import BatchStore, MemorySpool
-from jobsight.agent.shipping.client import ACK, RETRY, CollectorClient, Outcome
+from jobsight.agent.shipping.client import CollectorClient
+from jobsight.agent.shipping.outcomes import ACK, RETRY, Outcome
 from jobsight.agent.shipping.spool import Spool
 from jobsight.agent.shipping.spool_format import SpooledBatch
 from jobsight.agent.shipping.stats import ShipperStats
@@ -103,7 +104,7 @@ class Delivery:
                 return True
             if waiting:
                 return False
-        outcome = self.client.post(batch.body)
+        outcome = self.client.post_batch(batch.body)
         if outcome.kind == RETRY:
             self.client.back_off(outcome)
             return self._keep(batch, store)
@@ -123,7 +124,7 @@ class Delivery:
         batch = store.peek()
         if batch is None:
             return False
-        outcome = self.client.post(batch.body)
+        outcome = self.client.post_batch(batch.body)
         if outcome.kind == RETRY:
             self.client.back_off(outcome)
             return False

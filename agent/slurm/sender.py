@@ -10,6 +10,7 @@ import time
 from typing import Any, Final
 
 from jobsight.agent.settings import AgentSettings
+from jobsight.agent.shipping.outcomes import ACK, INGEST_PATH, REJECT, judge_status
 from jobsight.protocol import wire
 
 log = logging.getLogger("jobsight.slurm")
@@ -33,8 +34,9 @@ class HookSender:
         self.token = token
         self.spool_path = spool
         self.deadline = deadline
-        endpoint = settings.ingest_endpoint()
-        self._https, self._host, self._port, self._path = endpoint.https, endpoint.host, endpoint.port, endpoint.path
+        endpoint = settings.collector_endpoint()
+        self._https, self._host, self._port = endpoint.https, endpoint.host, endpoint.port
+        self._path = endpoint.prefix + INGEST_PATH
         self.reachable: bool | None = None
         """``None``: not tried yet; ``False``: the collector did not answer (or said 5xx)."""
 
@@ -76,10 +78,11 @@ class HookSender:
         """Post one batch; returns ``sent``, ``refused`` (4xx, logged) or ``spooled``/``lost``."""
         body = wire.encode_batch(source, 0, records, self.settings.cluster)
         status, detail = self._post(body) if time.monotonic() < self.deadline else (0, "no time left")
-        if status == 200:
+        outcome = judge_status(status)
+        if outcome == ACK:
             self.reachable = True
             return "sent"
-        if 400 <= status < 500 and status not in (408, 429):
+        if outcome == REJECT:
             self.reachable = True
             log.warning("the collector refused %s (HTTP %d): %s", records[0]["kind"], status, detail[:500])
             return "refused"
@@ -123,10 +126,11 @@ class HookSender:
                 if batch is None:
                     break
                 status, detail = self._post(batch.body)
-                if status == 200:
+                outcome = judge_status(status)
+                if outcome == ACK:
                     spool.ack()
                     sent += 1
-                elif 400 <= status < 500 and status not in (408, 429):
+                elif outcome == REJECT:
                     log.warning("the collector refused spooled batch %s/%d (HTTP %d): %s",
                                 batch.source, batch.seq, status, detail[:500])
                     spool.reject(batch, status, detail)

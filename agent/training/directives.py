@@ -11,16 +11,14 @@ itself when the profile carrying the request id is stored.
 
 from __future__ import annotations
 
-import http.client
-import json
 import logging
 import threading
 from collections import deque
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlencode, urlparse
 
 from jobsight.agent.settings import AgentSettings
+from jobsight.agent.shipping.client import CollectorClient
 
 log = logging.getLogger("jobsight.agent.directives")
 
@@ -49,12 +47,7 @@ class DirectivePoller:
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        parsed = urlparse(settings.url)
-        self._https = parsed.scheme == "https"
-        self._host = parsed.hostname or "127.0.0.1"
-        self._port = parsed.port
-        self._prefix = parsed.path.rstrip("/")
-        self._token: str | None = None
+        self._client = CollectorClient(settings)
         self._warned = False
 
     def start(self) -> None:
@@ -97,6 +90,8 @@ class DirectivePoller:
                 self._wake.clear()
         except Exception:  # boundary: the poller dies quietly rather than crash the job
             log.exception("jobsight: directive poller stopped")
+        finally:
+            self._client.close()
 
     def _send_reports(self) -> None:
         while True:
@@ -115,7 +110,7 @@ class DirectivePoller:
         query = {"job": self.job}
         if self.rank is not None:
             query["rank"] = str(self.rank)
-        status, body = self._request("GET", "/v1/directives?" + urlencode(query), None)
+        status, body = self._request("GET", "/v1/directives", query=query)
         self.polls += 1
         if status != 200 or not isinstance(body, dict):
             return
@@ -132,34 +127,14 @@ class DirectivePoller:
                     self.pending = request
                     return
 
-    def _request(self, method: str, path: str, payload: dict[str, Any] | None) -> tuple[int, Any]:
+    def _request(self, method: str, path: str, payload: dict[str, Any] | None = None,
+                 query: dict[str, str] | None = None) -> tuple[int, Any]:
         """``(status, parsed JSON)``; status 0 when the collector could not be reached."""
-        if self._token is None:
-            self._token = self.settings.resolved_token()
-        headers = {"Content-Type": "application/json"}
-        if self._token:
-            headers["Authorization"] = f"Bearer {self._token}"
-        timeout = self.settings.http_timeout_s
-        conn: http.client.HTTPConnection
-        if self._https:
-            conn = http.client.HTTPSConnection(self._host, self._port, timeout=timeout)
+        if payload is not None:
+            answer = self._client.post_json(path, payload)
         else:
-            conn = http.client.HTTPConnection(self._host, self._port, timeout=timeout)
-        try:
-            body = json.dumps(payload).encode() if payload is not None else None
-            conn.request(method, self._prefix + path, body=body, headers=headers)
-            response = conn.getresponse()
-            data = response.read()
-        except (OSError, http.client.HTTPException):
-            return 0, None
-        finally:
-            conn.close()
-        if response.status in (401, 403):
-            self._token = None
-            if not self._warned:
-                self._warned = True
-                log.warning("jobsight: the collector refused directive polls (HTTP %d)", response.status)
-        try:
-            return response.status, json.loads(data) if data else None
-        except ValueError:
-            return response.status, None
+            answer = self._client.request(method, path, query=query)
+        if answer.status in (401, 403) and not self._warned:
+            self._warned = True
+            log.warning("jobsight: the collector refused directive polls (HTTP %d)", answer.status)
+        return answer.status, answer.json()

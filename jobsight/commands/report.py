@@ -14,12 +14,11 @@ import dataclasses
 import datetime as dt
 import json
 import sys
-import urllib.error
-import urllib.request
 from typing import Any, Final
-from urllib.parse import quote, urlencode
+from urllib.parse import quote
 
 from jobsight.agent.settings import AgentSettings, load_agent_settings
+from jobsight.agent.shipping.client import CollectorClient
 from jobsight.cli import CliError
 
 TIMEOUT_S: Final = 10.0
@@ -45,37 +44,34 @@ def configure_parser(name: str, parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print the job and its summary as JSON instead")
 
 
-def _get(settings: AgentSettings, path: str, query: dict[str, str]) -> Any:
-    url = settings.url.rstrip("/") + path + (f"?{urlencode(query)}" if query else "")
-    request = urllib.request.Request(url, headers={"Accept": "application/json"})
-    token = settings.resolved_token()
-    if token:
-        request.add_header("Authorization", f"Bearer {token}")
-    try:
-        with urllib.request.urlopen(request, timeout=TIMEOUT_S) as response:
-            return json.loads(response.read())
-    except urllib.error.HTTPError as exc:
-        try:
-            detail = json.loads(exc.read()).get("detail")
-            message = detail.get("error") if isinstance(detail, dict) else detail
-        except (ValueError, AttributeError):
-            message = exc.reason
-        if exc.code == 404:
-            raise CliError(f"{message or 'not found'}", code=1) from None
-        if exc.code in (401, 403):
-            raise CliError(f"the collector refused the token (HTTP {exc.code}: {message})", code=2) from None
-        raise CliError(f"the collector answered HTTP {exc.code}: {message}", code=1) from None
-    except (urllib.error.URLError, OSError) as exc:
-        reason = getattr(exc, "reason", exc)
-        raise CliError(f"cannot reach the collector at {settings.url} ({reason})", code=1) from None
-    except ValueError as exc:
-        raise CliError(f"the collector at {settings.url} did not answer JSON ({exc})", code=1) from None
+def _get(client: CollectorClient, path: str, query: dict[str, str]) -> Any:
+    answer = client.request("GET", path, query=query)
+    url = client.settings.url
+    if answer.status == 0:
+        raise CliError(f"cannot reach the collector at {url} ({answer.error})", code=1)
+    if answer.status != 200:
+        parsed = answer.json()
+        detail = parsed.get("detail") if isinstance(parsed, dict) else None
+        message = detail.get("error") if isinstance(detail, dict) else detail
+        if answer.status == 404:
+            raise CliError(f"{message or 'not found'}", code=1)
+        if answer.status in (401, 403):
+            raise CliError(f"the collector refused the token (HTTP {answer.status}: {message})", code=2)
+        raise CliError(f"the collector answered HTTP {answer.status}: {message}", code=1)
+    parsed = answer.json()
+    if parsed is None:
+        raise CliError(f"the collector at {url} did not answer JSON", code=1)
+    return parsed
 
 
 def fetch(settings: AgentSettings, job: str, cluster: str | None) -> tuple[dict[str, Any], dict[str, Any]]:
     query = {"cluster": cluster} if cluster else {}
     base = f"/v1/jobs/{quote(job, safe='')}"
-    return _get(settings, base, query), _get(settings, base + "/summary", query)
+    client = CollectorClient(settings, timeout_s=TIMEOUT_S)
+    try:
+        return _get(client, base, query), _get(client, base + "/summary", query)
+    finally:
+        client.close()
 
 
 # -- formatting ----------------------------------------------------------------------
