@@ -10,52 +10,17 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from jobsight.protocol.wire import FIELDS
+from jobsight.protocol.records import GpuSample
 
-WIRE_FIELDS: tuple[str, ...] = tuple(FIELDS["gpu_sample"])
+WIRE_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(GpuSample))
 
 
 @dataclass
-class GpuReading:
-    """One GPU (or one MIG device) at one tick. ``None`` means NVML could not give
-    the value: not supported by this GPU or driver, or it failed this tick."""
+class GpuReading(GpuSample):
+    """One GPU (or one MIG device) at one tick: the wire fields of a ``gpu_sample``, declared
+    (and documented) on :class:`jobsight.protocol.records.GpuSample`, plus what the node daemon
+    keeps for itself. ``None`` means NVML could not give the value."""
 
-    gpu_index: int
-    gpu_uuid: str
-    """The physical GPU's UUID; empty only for a GPU lost before it could be named."""
-    gpu_name: str | None = None
-    mig_uuid: str | None = None
-    """Set on a MIG device's row; the physical GPU's own row has ``None``."""
-    util_gpu: float | None = None
-    """Percent of the last sample period a kernel was running."""
-    util_mem: float | None = None
-    """Percent of the last sample period device memory was read or written."""
-    mem_used: int | None = None
-    """Bytes."""
-    mem_total: int | None = None
-    """Bytes."""
-    power_w: float | None = None
-    energy_j: float | None = None
-    """Energy since the driver was loaded, in joules."""
-    temp_c: float | None = None
-    sm_clock_mhz: int | None = None
-    mem_clock_mhz: int | None = None
-    pcie_tx_kbs: int | None = None
-    pcie_rx_kbs: int | None = None
-    throttle_reasons: int | None = None
-    """NVML's clock event (throttle) reason bit mask."""
-    ecc_errors: int | None = None
-    """Volatile *uncorrected* ECC errors since the driver was loaded (corrected
-    errors are routine on HBM and are not counted)."""
-    process_count: int | None = None
-    """Compute processes on this device."""
-    sm_active: float | None = None
-    """GPM SM utilisation, percent, over the last tick; ``None`` without GPM
-    (pre-Hopper, MIG devices, or the first tick)."""
-    tensor_active: float | None = None
-    """GPM tensor-core utilisation, percent, like ``sm_active``."""
-    lost: bool = False
-    """The GPU fell off the bus; every measurement is ``None``."""
     processes: list[tuple[int, int]] = field(default_factory=list)
     """``(pid, used device memory in bytes)``; memory is 0 when NVML cannot tell.
     Not a wire field: the node daemon uses it to attribute the GPU to a job."""
@@ -63,9 +28,6 @@ class GpuReading:
     def to_record(self) -> dict[str, Any]:
         """The wire fields of a ``gpu_sample`` record; the caller adds kind, job, ts, node."""
         return {name: getattr(self, name) for name in WIRE_FIELDS}
-
-
-assert {f.name for f in fields(GpuReading)} == set(WIRE_FIELDS) | {"processes"}
 
 
 def visible_gpu_indices(

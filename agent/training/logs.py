@@ -14,15 +14,14 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import os
 import threading
-from typing import Any
 
 from jobsight.agent.settings import AgentSettings, load_agent_settings
 from jobsight.agent.shipping.shipper import Shipper, get_shipper
 from jobsight.agent.training.context import RunContext, current_context
 from jobsight.protocol import wire
+from jobsight.protocol.json_safe import clip, json_safe
 
 # Attributes every LogRecord has; anything else in __dict__ came from ``extra=``.
 _STANDARD_ATTRS = frozenset(vars(logging.LogRecord("", logging.INFO, "", 0, "", None, None)).keys()) | {
@@ -30,37 +29,6 @@ _STANDARD_ATTRS = frozenset(vars(logging.LogRecord("", logging.INFO, "", 0, "", 
     "asctime",
     "taskName",
 }
-_MAX_ATTR_REPR = 1024
-
-
-def _clip(text: str, limit: int) -> str:
-    """``text`` as the collector accepts it: no NUL characters, at most ``limit`` characters."""
-    if "\x00" in text:
-        text = text.replace("\x00", "\\0")
-    return text if len(text) <= limit else text[: limit - 1] + "…"
-
-
-def _json_safe(value: Any, depth: int = 0) -> Any:
-    """``value`` made JSON-safe: NaN/inf become strings, unknown objects their ``repr``."""
-    if value is None or isinstance(value, bool):
-        return value
-    if isinstance(value, int):
-        return value if -(2**63) <= value < 2**63 else str(value)
-    if isinstance(value, str):
-        return _clip(value, wire.MAX_MESSAGE)
-    if isinstance(value, float):
-        return value if math.isfinite(value) else str(value)
-    if depth < 8:
-        if isinstance(value, dict):
-            return {_clip(str(k), wire.MAX_STRING): _json_safe(v, depth + 1) for k, v in value.items()}
-        if isinstance(value, (list, tuple)):
-            return [_json_safe(v, depth + 1) for v in value]
-    try:
-        return _clip(repr(value), _MAX_ATTR_REPR)
-    except Exception:  # noqa: BLE001 - boundary: a broken __repr__ must not lose the log line
-        return f"<unrepresentable {type(value).__name__}>"
-
-
 def _is_own(name: str) -> bool:
     return name == "jobsight" or name.startswith("jobsight.")
 
@@ -105,9 +73,9 @@ class JobsightHandler(logging.Handler):
             if record.stack_info:
                 exception = f"{exception}\n{record.stack_info}" if exception else record.stack_info
             if exception is not None:
-                exception = _clip(exception, wire.MAX_MESSAGE)
+                exception = clip(exception, wire.MAX_MESSAGE)
             extra = {k: v for k, v in vars(record).items() if k not in _STANDARD_ATTRS and not k.startswith("_")}
-            attrs = _json_safe(extra) if extra else None
+            attrs = json_safe(extra) if extra else None
             if attrs is not None:
                 json.dumps(attrs, allow_nan=False)  # keys that are not strings etc. fail here, not at the collector
             shipper.enqueue(
@@ -119,10 +87,10 @@ class JobsightHandler(logging.Handler):
                     "rank": context.rank,
                     "pid": record.process if record.process is not None else os.getpid(),
                     "tid": threading.get_native_id(),
-                    "thread": _clip(record.threadName, wire.MAX_STRING) if record.threadName else None,
-                    "level": _clip(record.levelname, wire.MAX_STRING),
-                    "logger": _clip(record.name, wire.MAX_STRING),
-                    "message": _clip(record.getMessage(), wire.MAX_MESSAGE),
+                    "thread": clip(record.threadName, wire.MAX_STRING) if record.threadName else None,
+                    "level": clip(record.levelname, wire.MAX_STRING),
+                    "logger": clip(record.name, wire.MAX_STRING),
+                    "message": clip(record.getMessage(), wire.MAX_MESSAGE),
                     "exception": exception,
                     "attrs": attrs,
                 }

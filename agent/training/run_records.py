@@ -26,6 +26,7 @@ from jobsight.agent.training.directives import DirectivePoller
 from jobsight.agent.training.profile_schedule import ProfileOptions, ProfileSchedule
 from jobsight.agent.training.profiling import StepProfiling
 from jobsight.protocol import wire
+from jobsight.protocol.json_safe import clip, json_safe
 
 EVENT_LOGGER = "jobsight.run"
 
@@ -37,24 +38,6 @@ def _finite(value: Any) -> float | None:
     except (TypeError, ValueError, RuntimeError):
         return None
     return number if math.isfinite(number) else None
-
-
-def json_safe(value: Any, depth: int = 0) -> Any:
-    """``value`` reduced to what the wire accepts (hyper-parameters hold anything)."""
-    if value is None or isinstance(value, (bool, str)):
-        return value[: wire.MAX_STRING] if isinstance(value, str) else value
-    if isinstance(value, int):
-        return value if -(2**63) <= value < 2**63 else str(value)
-    if isinstance(value, float):
-        return value if math.isfinite(value) else str(value)
-    if depth < 6 and isinstance(value, Mapping):
-        return {str(k)[:200]: json_safe(v, depth + 1) for k, v in list(value.items())[:200]}
-    if depth < 6 and isinstance(value, (list, tuple)):
-        return [json_safe(v, depth + 1) for v in list(value)[:200]]
-    try:
-        return repr(value)[:500]
-    except Exception:  # noqa: BLE001 - boundary: a broken __repr__ must not lose the record
-        return f"<{type(value).__name__}>"
 
 
 class RunRecorder:
@@ -115,7 +98,7 @@ class RunRecorder:
                 continue
             record = self._base("metric", ts)
             record.update(
-                rank=self.rank, pid=self.pid, tid=tid, step=step, name=str(name)[: wire.MAX_STRING], value=value
+                rank=self.rank, pid=self.pid, tid=tid, step=step, name=clip(str(name), wire.MAX_STRING), value=value
             )
             self.shipper.enqueue(record)
 
@@ -130,7 +113,7 @@ class RunRecorder:
             text = text[-wire.MAX_MESSAGE :]
         record.update(
             rank=self.rank, pid=self.pid, tid=threading.get_native_id(), thread=threading.current_thread().name,
-            level=level, logger=EVENT_LOGGER, message=message[: wire.MAX_MESSAGE], exception=text,
+            level=level, logger=EVENT_LOGGER, message=clip(message, wire.MAX_MESSAGE), exception=text,
             attrs=json_safe(attrs) if attrs else None,
         )
         self.shipper.enqueue(record)

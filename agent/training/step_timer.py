@@ -49,3 +49,7 @@ class StepTimer:
 
     def since_epoch_start(self) -> float:
         return self._clock() - self._epoch_start
+
+    def now(self) -> float:
+        """The timer's clock, for spans outside steps (validation)."""
+        return self._clock()

@@ -20,7 +20,6 @@ torch is imported when a profiler is built, never by importing this module.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from types import TracebackType
 from typing import Any, TypeVar
@@ -29,6 +28,7 @@ from jobsight.agent.settings import AgentSettings
 from jobsight.agent.training.profile_schedule import ProfileOptions, ProfileSchedule, check_ranks, rank_chosen
 from jobsight.agent.training.profiling import ProfileWindow, StepProfiling
 from jobsight.agent.training.run_records import TrainingRun, batch_size, open_run
+from jobsight.agent.training.step_timer import StepTimer
 
 T = TypeVar("T")
 
@@ -140,18 +140,19 @@ def steps(
     (the loop body, until the next batch is asked for). Step numbers count from ``start``."""
     recorder = init().recorder
     iterator = iter(batches)
+    timer = StepTimer()
     step = start
     while True:
-        began = time.perf_counter()
+        timer.ready()
         try:
             batch = next(iterator)
         except StopIteration:
             return
-        fetched = time.perf_counter()
+        timer.arrived()
         yield batch
-        done = time.perf_counter()
+        timing = timer.done()
         recorder.step(
-            step, done - began, epoch=epoch, phase=phase, data_wait_s=fetched - began, compute_s=done - fetched,
-            samples=batch_size(batch),
+            step, timing.duration_s, epoch=epoch, phase=phase, data_wait_s=timing.data_wait_s,
+            compute_s=timing.compute_s, samples=batch_size(batch),
         )
         step += 1

@@ -10,9 +10,11 @@ often it is sent. Every record carries ``kind``, ``job`` (the Slurm job id, or
 ``local-<host>-<pid>-<start>`` outside Slurm) and ``ts`` (microseconds since the
 Unix epoch, UTC).
 
-Validation lives here, in the standard library only, because the agent must import
-with nothing but the ``agent`` extra installed. The collector runs the same checks
-and turns a :class:`WireError` into a 422 naming the record and the field.
+Each kind's fields are declared once, in :mod:`jobsight.protocol.records`; ``FIELDS``
+is derived from there. Validation lives here, in the standard library only, because
+the agent must import with nothing but the ``agent`` extra installed. The collector
+runs the same checks and turns a :class:`WireError` into a 422 naming the record and
+the field.
 """
 
 from __future__ import annotations
@@ -23,7 +25,11 @@ import math
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Final
+from dataclasses import fields as dataclass_fields
+from types import UnionType
+from typing import Annotated, Any, Final, Union, get_args, get_origin, get_type_hints
+
+from jobsight.protocol.records import RECORDS, Common, WireSpec
 
 VERSION: Final = 1
 MAX_STRING: Final = 4096
@@ -34,118 +40,50 @@ MAX_RECORDS: Final = 20000
 MIN_TS_US: Final = 946684800 * 1_000_000  # 2000-01-01
 FUTURE_SLACK_US: Final = 86400 * 1_000_000
 
-KINDS: Final = (
-    "gpu_sample",
-    "host_sample",
-    "log",
-    "metric",
-    "step",
-    "profile",
-    "job_started",
-    "job_ended",
-    "dropped",
-)
+_PLAIN_SPECS: Final[dict[Any, str]] = {str: "str", int: "int", float: "float", bool: "bool"}
 
-# Field types: "str", "text" (long string), "int", "float", "bool", "json" (any
-# JSON-safe value), "int_list", "str_list". A trailing "?" means the field may be
-# absent or null.
-_COMMON: Final = {"kind": "str", "job": "str", "ts": "int", "node": "str?"}
 
-FIELDS: Final[dict[str, dict[str, str]]] = {
-    "gpu_sample": {
-        "gpu_index": "int",
-        "gpu_uuid": "str",
-        "gpu_name": "str?",
-        "mig_uuid": "str?",
-        "util_gpu": "float?",
-        "util_mem": "float?",
-        "mem_used": "int?",
-        "mem_total": "int?",
-        "power_w": "float?",
-        "energy_j": "float?",
-        "temp_c": "float?",
-        "sm_clock_mhz": "int?",
-        "mem_clock_mhz": "int?",
-        "pcie_tx_kbs": "int?",
-        "pcie_rx_kbs": "int?",
-        "throttle_reasons": "int?",
-        "ecc_errors": "int?",
-        "process_count": "int?",
-        "sm_active": "float?",
-        "tensor_active": "float?",
-        "lost": "bool?",
-    },
-    "host_sample": {
-        "cpu_util": "float?",
-        "cpu_time_s": "float?",
-        "mem_used": "int?",
-        "mem_limit": "int?",
-    },
-    "log": {
-        "rank": "int?",
-        "pid": "int?",
-        "tid": "int?",
-        "thread": "str?",
-        "level": "str",
-        "logger": "str?",
-        "message": "text",
-        "exception": "text?",
-        "attrs": "json?",
-    },
-    "metric": {
-        "rank": "int?",
-        "pid": "int?",
-        "tid": "int?",
-        "step": "int?",
-        "name": "str",
-        "value": "float",
-    },
-    "step": {
-        "rank": "int?",
-        "pid": "int?",
-        "tid": "int?",
-        "step": "int",
-        "epoch": "int?",
-        "phase": "str?",
-        "duration_s": "float",
-        "data_wait_s": "float?",
-        "compute_s": "float?",
-        "samples": "int?",
-    },
-    "profile": {
-        "rank": "int?",
-        "pid": "int?",
-        "profile_id": "str",
-        "request_id": "int?",
-        "step_start": "int?",
-        "step_end": "int?",
-        "summary": "json",
-        "diagnosis": "json?",
-        "trace_gz_b64": "text?",
-        "note": "str?",
-    },
-    "job_started": {
-        "user": "str?",
-        "uid": "int?",
-        "account": "str?",
-        "partition": "str?",
-        "name": "str?",
-        "nodes": "str_list?",
-        "node_count": "int?",
-        "gpus": "str_list?",
-        "time_limit_s": "int?",
-        "demo": "bool?",
-        "attrs": "json?",
-    },
-    "job_ended": {
-        "exit_code": "int?",
-        "state": "str?",
-    },
-    "dropped": {
-        "count": "int",
-        "reason": "str?",
-    },
-}
+def spec_of(hint: Any) -> str:
+    """The wire spec of a field annotation in :mod:`jobsight.protocol.records`.
+
+    ``str``, ``int``, ``float``, ``bool`` are specs of the same name; ``Annotated[..., WireSpec(s)]``
+    (``records.Text``, ``records.Json``) is ``s``; ``list[str]`` and ``list[int]`` are ``"str_list"``
+    and ``"int_list"``; ``X | None`` is the spec of ``X`` plus ``"?"`` (absent or null allowed).
+    Anything else raises ``TypeError``, so a field the validator cannot check never loads."""
+    optional = False
+    if get_origin(hint) in (Union, UnionType):
+        members = [arg for arg in get_args(hint) if arg is not type(None)]
+        if len(members) != 1 or len(get_args(hint)) != 2:
+            raise TypeError(f"no wire spec for {hint!r}: only X | None unions")
+        optional, hint = True, members[0]
+    if get_origin(hint) is Annotated:
+        marks = [mark for mark in hint.__metadata__ if isinstance(mark, WireSpec)]
+        if len(marks) != 1:
+            raise TypeError(f"no wire spec for {hint!r}: expected one WireSpec")
+        spec = marks[0].spec
+    elif get_origin(hint) is list and get_args(hint) in ((str,), (int,)):
+        spec = f"{_PLAIN_SPECS[get_args(hint)[0]]}_list"
+    elif hint in _PLAIN_SPECS:
+        spec = _PLAIN_SPECS[hint]
+    else:
+        raise TypeError(f"no wire spec for {hint!r}")
+    return f"{spec}?" if optional else spec
+
+
+def wire_fields(shape: type[Any]) -> dict[str, str]:
+    """A records dataclass's fields as ``{name: spec}``, in declaration order."""
+    hints = get_type_hints(shape, include_extras=True)
+    return {f.name: spec_of(hints[f.name]) for f in dataclass_fields(shape)}
+
+
+# Field specs by kind, derived from jobsight.protocol.records, the one declaration of each
+# kind's shape (add or change a field there, not here): "str", "text" (long string), "int",
+# "float", "bool", "json" (any JSON-safe value), "int_list", "str_list"; a trailing "?"
+# means the field may be absent or null. Key order is declaration order, which is the order
+# fields are checked in.
+KINDS: Final[tuple[str, ...]] = tuple(RECORDS)
+_COMMON: Final = wire_fields(Common)
+FIELDS: Final[dict[str, dict[str, str]]] = {kind: wire_fields(shape) for kind, shape in RECORDS.items()}
 
 # The profile trace is a gzip blob in base64; it has its own, larger cap.
 MAX_TRACE_B64: Final = 16 * 1024 * 1024

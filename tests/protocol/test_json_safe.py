@@ -1,0 +1,38 @@
+"""One json_safe for log attributes and run metadata: whatever it gets, the wire takes it."""
+
+from __future__ import annotations
+
+import json
+import math
+
+from jobsight.protocol import wire
+from jobsight.protocol.json_safe import MAX_DEPTH, MAX_ITEMS, MAX_REPR, clip, json_safe
+
+
+class _BrokenRepr:
+    def __repr__(self) -> str:
+        raise RuntimeError("no")
+
+
+def test_values_the_wire_refuses_become_strings() -> None:
+    assert json_safe({"nan": math.nan, "inf": -math.inf, "big": 2**70, "ok": 3}) == {
+        "nan": "nan", "inf": "-inf", "big": str(2**70), "ok": 3,
+    }
+    assert json_safe(_BrokenRepr()) == "<unrepresentable _BrokenRepr>"
+    assert json_safe(object()).startswith("<object object")
+
+
+def test_caps_on_depth_items_strings_and_keys() -> None:
+    deep: object = "leaf"
+    for _ in range(MAX_DEPTH + 3):
+        deep = [deep]
+    made = json_safe({"deep": deep, "many": list(range(MAX_ITEMS + 50)), "long": "x" * (wire.MAX_MESSAGE + 10),
+                      "k" * (wire.MAX_STRING + 5): 1, "nul": "a\x00b", "obj": "y" * 10})
+    assert len(made["many"]) == MAX_ITEMS
+    assert len(made["long"]) == wire.MAX_MESSAGE
+    assert made["nul"] == "a\\0b"
+    assert all(len(key) <= wire.MAX_STRING for key in made)
+    assert len(clip(repr(list(range(10_000))), MAX_REPR)) == MAX_REPR
+    # What comes out validates as a record's JSON field.
+    record = {"kind": "log", "job": "j", "ts": wire.now_us(), "level": "INFO", "message": "m", "attrs": made}
+    wire.validate_record(json.loads(json.dumps(record, allow_nan=False)), 0)
