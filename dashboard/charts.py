@@ -8,6 +8,8 @@ import datetime as dt
 import altair as alt
 import pandas as pd
 
+from jobsight.protocol import diagnosis
+
 Domain = tuple[dt.datetime, dt.datetime]
 
 MARKER_COLOURS = alt.Scale(domain=["epoch", "profile", "log warning", "log error", "log critical"],
@@ -94,14 +96,14 @@ def heatmap_height(frame: pd.DataFrame) -> int:
     return max(3, min(18, 900 // max(gpus, 1))) * gpus + 70
 
 
-def find_stragglers(steps: pd.DataFrame, tolerance: float = 0.15) -> list[int]:
-    """Ranks whose mean step time is more than ``tolerance`` above the median rank's."""
+def find_stragglers(steps: pd.DataFrame) -> list[int]:
+    """Straggler ranks by the one rule of :func:`jobsight.protocol.diagnosis.stragglers`, over each
+    rank's mean step time in the shown range."""
     if steps.empty or steps["rank"].nunique() < 2:
         return []
     weighted = steps.assign(total=steps["duration_s"] * steps["steps"]).groupby("rank")[["total", "steps"]].sum()
     per_rank = weighted["total"] / weighted["steps"]
-    median = per_rank.median()
-    return sorted(int(rank) for rank, value in per_rank.items() if value > median * (1 + tolerance))
+    return sorted(diagnosis.stragglers({int(rank): float(value) for rank, value in per_rank.items()}))
 
 
 def step_chart(steps: pd.DataFrame, stragglers: list[int], domain: Domain,

@@ -15,6 +15,7 @@ import streamlit as st
 from jobsight.dashboard import charts, data
 from jobsight.dashboard.identity import viewer_or_stop
 from jobsight.dashboard.settings import load_dashboard_settings
+from jobsight.protocol import diagnosis
 
 settings = load_dashboard_settings()
 viewer = viewer_or_stop(settings)
@@ -108,8 +109,9 @@ def training() -> None:
     else:
         stragglers = charts.find_stragglers(steps)
         if stragglers:
-            st.warning(f"Straggler rank(s): {', '.join(map(str, stragglers))} — mean step time more than 15 % "
-                       "above the median rank.")
+            ratio = diagnosis.DEFAULT_THRESHOLDS.straggler_ratio
+            st.warning(f"Straggler rank(s): {', '.join(map(str, stragglers))} — mean step time at least "
+                       f"{ratio:.2f}× the median rank's.")
         st.altair_chart(charts.step_chart(steps, stragglers, domain, marks), width="stretch")
         throughput = steps.groupby("bucket", as_index=False)[["samples", "duration_s"]].agg(
             {"samples": "sum", "duration_s": "mean"})

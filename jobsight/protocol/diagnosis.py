@@ -13,7 +13,7 @@ import statistics
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 Hint = dict[str, Any]
 
@@ -37,6 +37,9 @@ class Thresholds:
     straggler_min_s: float = 0.002
     idle_gpu_util: float = 10.0
     idle_device_share: float = 0.50
+
+
+DEFAULT_THRESHOLDS: Final = Thresholds()
 
 
 def _hint(rule: str, severity: str, title: str, message: str, **evidence: Any) -> Hint:
@@ -197,26 +200,40 @@ def _input_bound_steps(steps: Sequence[Mapping[str, Any]], t: Thresholds) -> Hin
     )
 
 
+def stragglers(step_time_by_rank: Mapping[int, float], t: Thresholds = DEFAULT_THRESHOLDS) -> list[int]:
+    """The straggler rule, the one the job page and ``/diagnosis`` both apply: the ranks whose
+    typical step time is at least ``t.straggler_ratio`` times the median across ranks and at
+    least ``t.straggler_min_s`` longer; slowest first. Fewer than two ranks have none."""
+    if len(step_time_by_rank) < 2:
+        return []
+    overall = statistics.median(step_time_by_rank.values())
+    if overall <= 0:
+        return []
+    slow = [
+        rank for rank, value in step_time_by_rank.items()
+        if value >= t.straggler_ratio * overall and value - overall >= t.straggler_min_s
+    ]
+    return sorted(slow, key=lambda rank: (-step_time_by_rank[rank], rank))
+
+
 def _straggler(steps: Sequence[Mapping[str, Any]], t: Thresholds) -> Hint | None:
     by_rank: dict[int, list[float]] = defaultdict(list)
     for s in steps:
         rank, duration = s.get("rank"), _num(s.get("duration_s"))
         if isinstance(rank, int) and duration is not None:
             by_rank[rank].append(duration)
-    if len(by_rank) < 2:
-        return None
     medians = {rank: statistics.median(values) for rank, values in by_rank.items() if values}
-    overall = statistics.median(medians.values())
-    rank, slowest = max(medians.items(), key=lambda item: item[1])
-    if overall <= 0 or slowest < t.straggler_ratio * overall or slowest - overall < t.straggler_min_s:
+    slow = stragglers(medians, t)
+    if not slow:
         return None
+    rank, slowest, overall = slow[0], medians[slow[0]], statistics.median(medians.values())
     return _hint(
         "straggler", "warning", f"Rank {rank} is a straggler",
         f"Rank {rank}'s median step takes {slowest * 1000:.1f} ms against {overall * 1000:.1f} ms across ranks "
         f"({slowest / overall:.2f}×); every other rank waits for it at each synchronisation. Check its node, "
         "GPU clocks and data shard.",
         rank=rank, rank_median_s=round(slowest, 6), ranks_median_s=round(overall, 6),
-        ratio=round(slowest / overall, 3), ranks=len(medians),
+        ratio=round(slowest / overall, 3), ranks=len(medians), stragglers=slow,
     )
 
 
@@ -265,7 +282,7 @@ def diagnose(
     ``steps`` are step records or rows (``rank``, ``duration_s``, ``data_wait_s``);
     ``gpu_samples`` rows with ``util_gpu``, ``mem_used``, ``mem_total``.
     """
-    t = thresholds or Thresholds()
+    t = thresholds or DEFAULT_THRESHOLDS
     hints: list[Hint] = []
     if profile:
         for rule in _PROFILE_RULES:
