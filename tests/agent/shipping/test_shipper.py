@@ -22,7 +22,7 @@ from jobsight.agent.shipping.shipper import Shipper
 from jobsight.agent.shipping.spool import REJECTED_DIR, SUFFIX
 from jobsight.protocol.wire import now_us
 
-REPO = Path(__file__).parents[2]
+REPO = Path(__file__).parents[3]
 
 
 def _job() -> str:

@@ -29,7 +29,7 @@ from jobsight.agent.node.registrations import (
     write_registration,
 )
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 FAKE_DIR = REPO / "tests" / "fake_nvml"
 
 V1_CGROUP = "12:memory:/slurm/uid_1000/job_4242/step_0/task_0\n11:cpuacct,cpu:/slurm/uid_1000/job_4242/step_0\n"

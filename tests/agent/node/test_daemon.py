@@ -28,7 +28,7 @@ from jobsight.agent.training.context import RunContext
 from jobsight.agent.training.gpu_sampler import start_inprocess_sampler
 from jobsight.protocol.wire import now_us
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 FAKE_DIR = REPO / "tests" / "fake_nvml"
 GiB = 1024**3
 

@@ -20,7 +20,7 @@ from jobsight.agent.node.gpu_reading import GpuReading, visible_gpu_indices
 from jobsight.agent.node.nvml import NvmlSampler, NvmlUnavailable
 from jobsight.protocol import wire
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 FAKE_DIR = ROOT / "tests" / "fake_nvml"
 SCENARIOS = FAKE_DIR / "scenarios"
 GiB = 1024**3

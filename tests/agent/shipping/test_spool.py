@@ -43,7 +43,7 @@ def _write_in_child(directory: Path, count: int, *, kill: bool) -> None:
         spool.close()
         """
     )
-    result = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).parents[2], check=False)
+    result = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).parents[3], check=False)
     assert result.returncode == (-signal.SIGKILL if kill else 0)
 
 
