@@ -10,18 +10,14 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 from types import FrameType
 
-import jobsight.dashboard
 from jobsight.cli import CliError
 from jobsight.collector.settings import CollectorSettings
+from jobsight.commands.dashboard import streamlit_argv
 from jobsight.commands.server import load_settings
 
 log = logging.getLogger("jobsight.up")
-
-DASHBOARD_APP = Path(jobsight.dashboard.__file__).resolve().parent / "app.py"
-
 
 def configure_parser(name: str, parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--demo", action="store_true", help="also run a small demo training job")
@@ -110,11 +106,7 @@ def run_up(settings: CollectorSettings, args: argparse.Namespace) -> int:
         _wait_ready("collector", f"{collector_url}/readyz", stack.children[-1][1])
         dashboard_url = f"http://{settings.host}:{settings.dashboard_port}"
         if not args.no_dashboard:
-            stack.spawn("dashboard", [
-                sys.executable, "-m", "streamlit", "run", str(DASHBOARD_APP),
-                "--server.address", settings.host, "--server.port", str(settings.dashboard_port),
-                "--server.headless", "true", "--browser.gatherUsageStats", "false",
-            ], env)
+            stack.spawn("dashboard", streamlit_argv(settings.host, settings.dashboard_port), env)
             _wait_ready("dashboard", f"{dashboard_url}/_stcore/health", stack.children[-1][1])
         if args.demo:
             demo_env = {**env, "JOBSIGHT_URL": collector_url}

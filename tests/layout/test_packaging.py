@@ -4,6 +4,7 @@ training folder with its own ``agent.py`` does not break the callback."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -19,12 +20,23 @@ REPO = Path(__file__).resolve().parents[2]
 OLD_TOP_LEVEL = ("agent", "collector", "dashboard", "migrations")
 
 
+SOURCE = ("pyproject.toml", "README.md", "jobsight", "agent", "collector", "dashboard", "migrations")
+
+
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("wheel")
+    # Built from a copy of the sources (links kept as links), so setuptools' build/ and
+    # egg-info stay out of the working tree.
+    source, out = tmp_path_factory.mktemp("source"), tmp_path_factory.mktemp("wheel")
+    for name in SOURCE:
+        path = REPO / name
+        if path.is_dir() and not path.is_symlink():
+            shutil.copytree(path, source / name, symlinks=True, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            shutil.copy2(path, source / name, follow_symlinks=False)
     subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation", "-w", str(out),
-         str(REPO)], check=True, timeout=300, cwd=out,
+         str(source)], check=True, timeout=300, cwd=out,
     )
     (built,) = out.glob("jobsight-*.whl")
     return built
