@@ -157,9 +157,10 @@ def store(conn: Connection, batch: Batch, prepared: PreparedBatch) -> bool:
     """Write the batch inside the caller's transaction. Returns ``False`` for a replay,
     in which case nothing was written."""
     claimed = conn.execute(
-        "INSERT INTO ingest_batches (source, seq, cluster, records) VALUES (%s, %s, %s, %s) "
+        "INSERT INTO ingest_batches (source, seq, cluster, records) "
+        "VALUES (%(source)s, %(seq)s, %(cluster)s, %(records)s) "
         "ON CONFLICT (source, seq) DO NOTHING RETURNING seq",
-        (batch.source, batch.seq, batch.cluster, len(batch.records)),
+        {"source": batch.source, "seq": batch.seq, "cluster": batch.cluster, "records": len(batch.records)},
     ).fetchone()
     if claimed is None:
         return False
@@ -204,40 +205,39 @@ def _upsert_jobs_seen(conn: Connection, cluster: str, seen: dict[str, dt.datetim
 def _job_started(conn: Connection, cluster: str, r: dict[str, Any]) -> None:
     nodes = r.get("nodes") or ([r["node"]] if r.get("node") else None)
     conn.execute(
-        """UPDATE jobs SET user_name = coalesce(%s, user_name), uid = coalesce(%s, uid),
-               account = coalesce(%s, account), partition = coalesce(%s, partition),
-               name = coalesce(%s, name), node_count = coalesce(%s, node_count),
-               time_limit_s = coalesce(%s, time_limit_s), demo = demo OR %s,
-               attrs = coalesce(attrs, '{}'::jsonb) || coalesce(%s, '{}'::jsonb),
-               nodes = (SELECT array_agg(DISTINCT n ORDER BY n) FROM unnest(coalesce(nodes, '{}') || %s::text[]) n),
-               gpus = (SELECT array_agg(DISTINCT g ORDER BY g) FROM unnest(coalesce(gpus, '{}') || %s::text[]) g),
+        """UPDATE jobs SET user_name = coalesce(%(user)s, user_name), uid = coalesce(%(uid)s, uid),
+               account = coalesce(%(account)s, account), partition = coalesce(%(partition)s, partition),
+               name = coalesce(%(name)s, name), node_count = coalesce(%(node_count)s, node_count),
+               time_limit_s = coalesce(%(time_limit_s)s, time_limit_s), demo = demo OR %(demo)s,
+               attrs = coalesce(attrs, '{}'::jsonb) || coalesce(%(attrs)s, '{}'::jsonb),
+               nodes = (SELECT array_agg(DISTINCT n ORDER BY n)
+                        FROM unnest(coalesce(nodes, '{}') || %(nodes)s::text[]) n),
+               gpus = (SELECT array_agg(DISTINCT g ORDER BY g)
+                       FROM unnest(coalesce(gpus, '{}') || %(gpus)s::text[]) g),
                start_time = CASE
-                   WHEN user_name IS NULL AND %s::text IS NULL THEN least(start_time, %s)  -- no prolog: earliest record
-                   WHEN user_name IS NULL THEN %s  -- the first prolog registers the job: its time is the start
-                   WHEN %s::text IS NOT NULL THEN least(start_time, %s)  -- another node's prolog
+                   -- no prolog: earliest record
+                   WHEN user_name IS NULL AND %(user)s::text IS NULL THEN least(start_time, %(ts)s)
+                   WHEN user_name IS NULL THEN %(ts)s  -- the first prolog registers the job: its time is the start
+                   WHEN %(user)s::text IS NOT NULL THEN least(start_time, %(ts)s)  -- another node's prolog
                    ELSE start_time END,  -- run metadata on a registered job
                state = CASE WHEN end_time IS NULL THEN 'running' ELSE state END
-           WHERE cluster = %s AND job_id = %s""",
-        (
-            r.get("user"),
-            r.get("uid"),
-            r.get("account"),
-            r.get("partition"),
-            r.get("name"),
-            r.get("node_count"),
-            r.get("time_limit_s"),
-            bool(r.get("demo")),
-            Jsonb(r["attrs"]) if r.get("attrs") is not None else None,
-            nodes or [],
-            [f"{r.get('node') or ''}:{g}" for g in (r.get("gpus") or [])],
-            r.get("user"),
-            r["ts"],
-            r["ts"],
-            r.get("user"),
-            r["ts"],
-            cluster,
-            r["job"],
-        ),
+           WHERE cluster = %(cluster)s AND job_id = %(job)s""",
+        {
+            "user": r.get("user"),
+            "uid": r.get("uid"),
+            "account": r.get("account"),
+            "partition": r.get("partition"),
+            "name": r.get("name"),
+            "node_count": r.get("node_count"),
+            "time_limit_s": r.get("time_limit_s"),
+            "demo": bool(r.get("demo")),
+            "attrs": Jsonb(r["attrs"]) if r.get("attrs") is not None else None,
+            "nodes": nodes or [],
+            "gpus": [f"{r.get('node') or ''}:{g}" for g in (r.get("gpus") or [])],
+            "ts": r["ts"],
+            "cluster": cluster,
+            "job": r["job"],
+        },
     )
 
 
@@ -245,12 +245,12 @@ def _job_ended(conn: Connection, cluster: str, r: dict[str, Any]) -> None:
     exit_code = r.get("exit_code")
     state = r.get("state") or ("completed" if exit_code in (0, None) else "failed")
     conn.execute(
-        """UPDATE jobs SET end_time = greatest(coalesce(end_time, %s), %s),
-               exit_code = CASE WHEN coalesce(exit_code, 0) = 0 THEN %s ELSE exit_code END,
-               state = CASE WHEN state IN ('failed', 'cancelled', 'timeout', 'node_fail') THEN state ELSE %s END,
-               last_seen = greatest(last_seen, %s)
-           WHERE cluster = %s AND job_id = %s""",
-        (r["ts"], r["ts"], exit_code, state, r["ts"], cluster, r["job"]),
+        """UPDATE jobs SET end_time = greatest(coalesce(end_time, %(ts)s), %(ts)s),
+               exit_code = CASE WHEN coalesce(exit_code, 0) = 0 THEN %(exit_code)s ELSE exit_code END,
+               state = CASE WHEN state IN ('failed', 'cancelled', 'timeout', 'node_fail') THEN state ELSE %(state)s END,
+               last_seen = greatest(last_seen, %(ts)s)
+           WHERE cluster = %(cluster)s AND job_id = %(job)s""",
+        {"ts": r["ts"], "exit_code": exit_code, "state": state, "cluster": cluster, "job": r["job"]},
     )
     conn.execute(
         """UPDATE profile_requests SET state = 'failed', reason = 'the job ended before the profile was taken',
@@ -264,29 +264,32 @@ def _profile(conn: Connection, cluster: str, r: dict[str, Any]) -> None:
     conn.execute(
         """INSERT INTO profiles (cluster, job_id, ts, node, rank, pid, profile_id, request_id,
                step_start, step_end, summary, diagnosis, trace_gz, note)
-           VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)""",
-        (
-            cluster,
-            r["job"],
-            r["ts"],
-            r.get("node"),
-            r.get("rank"),
-            r.get("pid"),
-            r["profile_id"],
-            r.get("request_id"),
-            r.get("step_start"),
-            r.get("step_end"),
-            Jsonb(r["summary"]),
-            Jsonb(r["diagnosis"]) if r.get("diagnosis") is not None else None,
-            r.get("trace_gz"),
-            r.get("note"),
-        ),
+           VALUES (%(cluster)s, %(job)s, %(ts)s, %(node)s, %(rank)s, %(pid)s, %(profile_id)s, %(request_id)s,
+               %(step_start)s, %(step_end)s, %(summary)s, %(diagnosis)s, %(trace_gz)s, %(note)s)""",
+        {
+            "cluster": cluster,
+            "job": r["job"],
+            "ts": r["ts"],
+            "node": r.get("node"),
+            "rank": r.get("rank"),
+            "pid": r.get("pid"),
+            "profile_id": r["profile_id"],
+            "request_id": r.get("request_id"),
+            "step_start": r.get("step_start"),
+            "step_end": r.get("step_end"),
+            "summary": Jsonb(r["summary"]),
+            "diagnosis": Jsonb(r["diagnosis"]) if r.get("diagnosis") is not None else None,
+            "trace_gz": r.get("trace_gz"),
+            "note": r.get("note"),
+        },
     )
     if r.get("request_id") is not None:
         # The profile an on-demand request asked for: the request is done, in this transaction.
         conn.execute(
-            """UPDATE profile_requests SET state = 'done', profile_id = %s, reason = NULL, updated_at = now()
-               WHERE id = %s AND cluster = %s AND job_id = %s AND state IN ('pending', 'running')""",
-            (r["profile_id"], r["request_id"], cluster, r["job"]),
+            """UPDATE profile_requests SET state = 'done', profile_id = %(profile_id)s, reason = NULL,
+                   updated_at = now()
+               WHERE id = %(request_id)s AND cluster = %(cluster)s AND job_id = %(job)s
+                 AND state IN ('pending', 'running')""",
+            {"profile_id": r["profile_id"], "request_id": r["request_id"], "cluster": cluster, "job": r["job"]},
         )
 

@@ -1,14 +1,28 @@
-"""Profiler snippets and on-demand profile requests: reads for the dashboard and the
-one write both the dashboard and the API use to ask a job for a profile."""
+"""Profiler snippets and on-demand profile requests: the reads of the dashboard and the API,
+and the writes that move a request through its states (the API's routes hold no SQL)."""
 
 from __future__ import annotations
 
+import datetime as dt
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from jobsight.collector.db import Connection
 
 MAX_REQUEST_STEPS = 1000
+PENDING_TIMEOUT = dt.timedelta(minutes=10)
+"""A request no agent has taken by then fails: the job has no jobsight callback, or is stuck."""
+
+
+@dataclass(frozen=True)
+class TraceFile:
+    """One profile row's stored trace and what its download is named after."""
+
+    trace_gz: bytes
+    rank: int | None
+    """``None``: the profile did not say which rank took it."""
+    profile_id: str
 
 
 def list_profiles(conn: Connection, cluster: str, job_id: str, *, limit: int = 200) -> list[dict[str, Any]]:
@@ -23,13 +37,32 @@ def list_profiles(conn: Connection, cluster: str, job_id: str, *, limit: int = 2
     ).fetchall()
 
 
-def profile_trace(conn: Connection, cluster: str, job_id: str, profile_row_id: int) -> bytes | None:
-    """The gzip Chrome trace of one profile row; ``None`` when it has none or is not this job's."""
+def profile_trace_file(conn: Connection, cluster: str, job_id: str, profile_row_id: int) -> TraceFile | None:
+    """The gzip Chrome trace of one profile row with its rank and profile id; ``None`` when the
+    row has no trace or is not this job's."""
     row = conn.execute(
-        "SELECT trace_gz FROM profiles WHERE id = %s AND job_id = %s AND cluster = %s",
+        "SELECT trace_gz, rank, profile_id FROM profiles WHERE id = %s AND job_id = %s AND cluster = %s",
         (profile_row_id, job_id, cluster),
     ).fetchone()
-    return bytes(row["trace_gz"]) if row and row["trace_gz"] is not None else None
+    if row is None or row["trace_gz"] is None:
+        return None
+    return TraceFile(bytes(row["trace_gz"]), row["rank"], row["profile_id"])
+
+
+def profile_trace(conn: Connection, cluster: str, job_id: str, profile_row_id: int) -> bytes | None:
+    """The gzip Chrome trace of one profile row; ``None`` when it has none or is not this job's."""
+    found = profile_trace_file(conn, cluster, job_id, profile_row_id)
+    return found.trace_gz if found is not None else None
+
+
+def latest_profile_diagnoses(conn: Connection, cluster: str, job_id: str) -> list[dict[str, Any]]:
+    """Per rank, the id, rank, profile id and stored hints (``diagnosis``, ``None`` when the
+    snippet had none) of the job's newest profile."""
+    return conn.execute(
+        """SELECT DISTINCT ON (rank) id, rank, profile_id, diagnosis FROM profiles
+           WHERE job_id = %s AND cluster = %s ORDER BY rank, ts DESC""",
+        (job_id, cluster),
+    ).fetchall()
 
 
 def profile_windows(conn: Connection, cluster: str, job_id: str) -> list[dict[str, Any]]:
@@ -78,3 +111,56 @@ def profile_requests(conn: Connection, cluster: str, job_id: str, *, limit: int 
            FROM profile_requests WHERE job_id = %s AND cluster = %s ORDER BY id DESC LIMIT %s""",
         (job_id, cluster, max(1, min(limit, 200))),
     ).fetchall()
+
+
+def fail_untaken_requests(conn: Connection, cluster: str, job_id: str) -> int:
+    """Fail the job's requests still pending after :data:`PENDING_TIMEOUT`, saying why;
+    returns how many."""
+    return conn.execute(
+        """UPDATE profile_requests SET state = 'failed', updated_at = now(),
+               reason = 'no agent took the request within ' || %(minutes)s
+                        || ' minutes (is the jobsight callback in use?)'
+           WHERE cluster = %(cluster)s AND job_id = %(job)s AND state = 'pending'
+             AND created_at < now() - %(timeout)s""",
+        {
+            "minutes": str(int(PENDING_TIMEOUT.total_seconds() // 60)),
+            "cluster": cluster,
+            "job": job_id,
+            "timeout": PENDING_TIMEOUT,
+        },
+    ).rowcount
+
+
+def open_profile_requests(conn: Connection, cluster: str, job_id: str, rank: int | None) -> list[dict[str, Any]]:
+    """The job's pending and running requests (id, steps, ranks, state) addressed to ``rank``
+    (``None``: any rank), oldest first; requests older than :data:`PENDING_TIMEOUT` are left
+    out, so an agent never starts one the API is about to fail."""
+    return conn.execute(
+        """SELECT id, steps, ranks, state FROM profile_requests
+           WHERE job_id = %(job)s AND cluster = %(cluster)s AND state IN ('pending', 'running')
+             AND (ranks IS NULL OR %(rank)s::int IS NULL OR %(rank)s::int = ANY(ranks))
+             AND created_at >= now() - %(timeout)s
+           ORDER BY id""",
+        {"job": job_id, "cluster": cluster, "rank": rank, "timeout": PENDING_TIMEOUT},
+    ).fetchall()
+
+
+def lock_profile_request(conn: Connection, request_id: int) -> dict[str, Any] | None:
+    """The request's id, cluster, job id and state, locked until the caller's transaction ends;
+    ``None`` when there is no such request."""
+    return conn.execute(
+        "SELECT id, cluster, job_id, state FROM profile_requests WHERE id = %s FOR UPDATE", (request_id,)
+    ).fetchone()
+
+
+def set_profile_request_state(
+    conn: Connection, request_id: int, state: str, reason: str | None, profile_id: str | None
+) -> None:
+    """Move a request to ``state`` with ``reason`` (``None`` clears it); ``profile_id`` ``None``
+    keeps the one the request already has."""
+    conn.execute(
+        """UPDATE profile_requests SET state = %(state)s, reason = %(reason)s,
+               profile_id = coalesce(%(profile_id)s, profile_id), updated_at = now()
+           WHERE id = %(id)s""",
+        {"state": state, "reason": reason, "profile_id": profile_id, "id": request_id},
+    )

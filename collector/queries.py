@@ -354,3 +354,29 @@ def job_nodes(conn: Connection, cluster: str, job_ids: list[str]) -> dict[str, l
     ).fetchall()
     return {r["job_id"]: r["nodes"] for r in rows}
 
+
+
+def recent_train_steps(conn: Connection, cluster: str, job_id: str, *, limit: int = 5000) -> list[dict[str, Any]]:
+    """The job's latest ``limit`` training steps on every rank (rank, duration, data wait),
+    newest first: what the job-wide diagnosis looks at."""
+    return conn.execute(
+        """SELECT rank, duration_s, data_wait_s FROM steps
+           WHERE job_id = %s AND cluster = %s AND coalesce(phase, 'train') = 'train'
+           ORDER BY ts DESC LIMIT %s""",
+        (job_id, cluster, limit),
+    ).fetchall()
+
+
+def recent_gpu_samples(conn: Connection, cluster: str, job_id: str, *, limit: int = 2000) -> list[dict[str, Any]]:
+    """The job's latest ``limit`` GPU samples (utilisation, memory used and total), newest first."""
+    return conn.execute(
+        """SELECT util_gpu, mem_used, mem_total FROM gpu_samples
+           WHERE job_id = %s AND cluster = %s ORDER BY ts DESC LIMIT %s""",
+        (job_id, cluster, limit),
+    ).fetchall()
+
+
+def schema_revision(conn: Connection) -> str | None:
+    """The Alembic revision the database is at; ``None`` when it has none stamped."""
+    row = conn.execute("SELECT version_num FROM alembic_version").fetchone()
+    return row["version_num"] if row else None

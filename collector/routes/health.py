@@ -9,6 +9,7 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from jobsight.collector import queries
 from jobsight.collector.db import DatabaseUnavailable, unit_of_work
 from jobsight.collector.deps import Metrics, Pool
 from jobsight.collector.migrate import head_revision
@@ -24,8 +25,7 @@ def healthz() -> dict[str, str]:
 
 def _current_revision(pool: Any) -> str | None:
     with unit_of_work(pool) as conn:
-        row = conn.execute("SELECT version_num FROM alembic_version").fetchone()
-    return row["version_num"] if row else None
+        return queries.schema_revision(conn)
 
 
 @router.get("/readyz")

@@ -1,0 +1,73 @@
+"""The opening every per-job read route shares, as dependencies (STYLE rule 1).
+
+``ReadableJob``: resolve the cluster, authorise the read, load the job row, 404 when the
+collector has never seen the job. ``AuthorizedJob`` stops before loading, for the two routes
+whose answer does not need the job row (a stored summary, a stored trace).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Annotated, Any
+
+from fastapi import Depends, Query
+
+from jobsight.collector import queries
+from jobsight.collector.db import unit_of_work
+from jobsight.collector.deps import Auth, CurrentPrincipal, Pool, Settings
+from jobsight.collector.errors import NotFound
+
+Cluster = Annotated[str | None, Query(description="cluster name; the collector's own when omitted")]
+"""The ``cluster`` query parameter; ``None`` when the request did not name one."""
+
+
+@dataclass(frozen=True)
+class JobKey:
+    """A job the principal may read; the collector need not know it (yet)."""
+
+    cluster: str
+    job_id: str
+
+
+@dataclass(frozen=True)
+class JobRef(JobKey):
+    """A job the principal may read and the collector knows, with its row (and summary columns)
+    as :func:`jobsight.collector.queries.get_job` returns it."""
+
+    row: dict[str, Any]
+
+
+def job_not_found(job: JobKey) -> NotFound:
+    """The one 404 of an unknown job, so every route words it the same."""
+    return NotFound(f"job {job.job_id} not found in cluster {job.cluster}")
+
+
+def resolve_cluster(principal: CurrentPrincipal, settings: Settings, cluster: Cluster = None) -> str:
+    """The cluster a request means: the one it names, else the token's own (job and node tokens
+    carry one; admin tokens do not), else this collector's."""
+    return cluster or principal.cluster or settings.cluster
+
+
+ResolvedCluster = Annotated[str, Depends(resolve_cluster)]
+
+
+def authorized_job(job_id: str, cluster: ResolvedCluster, principal: CurrentPrincipal, auth: Auth) -> JobKey:
+    """``job_id`` (the path parameter) of the resolved cluster, once ``principal`` may read it
+    (:class:`~jobsight.collector.auth.AuthError` otherwise)."""
+    auth.authorize_read(principal, job_id, cluster)
+    return JobKey(cluster, job_id)
+
+
+AuthorizedJob = Annotated[JobKey, Depends(authorized_job)]
+
+
+def readable_job(job: AuthorizedJob, pool: Pool) -> JobRef:
+    """The authorised job with its row; :class:`NotFound` when the collector has never seen it."""
+    with unit_of_work(pool) as conn:
+        row = queries.get_job(conn, job.cluster, job.job_id)
+    if row is None:
+        raise job_not_found(job)
+    return JobRef(job.cluster, job.job_id, row)
+
+
+ReadableJob = Annotated[JobRef, Depends(readable_job)]
