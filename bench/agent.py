@@ -5,7 +5,7 @@
 1. ``logging`` emit cost of :class:`jobsight.agent.training.logs.JobsightHandler` against the standard
    library's :class:`logging.handlers.QueueHandler`, in the same run (ratio).
 2. Shipper throughput (records/s) to a live collector: this script starts its own
-   embedded PostgreSQL, migrates it, and runs ``python -m jobsight.cli collector``.
+   embedded PostgreSQL, migrates it, and runs ``python -m jobsight collector``.
 3. NVML sampler CPU seconds per GPU per tick (``time.process_time``) over the fake
    ``libnvidia-ml.so.1`` (needs gcc), and the node daemon's whole tick on top of it.
 """

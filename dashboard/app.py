@@ -10,8 +10,9 @@ from pathlib import Path
 
 import streamlit as st
 
+from jobsight.collector.settings import SettingsError
 from jobsight.dashboard.identity import viewer_or_stop
-from jobsight.dashboard.settings import SettingsError, load_dashboard_settings
+from jobsight.dashboard.settings import load_dashboard_settings
 
 PAGES = Path(__file__).resolve().parent / "views"
 

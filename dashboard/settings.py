@@ -14,8 +14,6 @@ from pydantic_settings import NoDecode, SettingsConfigDict
 
 from jobsight.collector.settings import SettingsError, TomlTableSettings, validation_message
 
-__all__ = ["DashboardSettings", "SettingsError", "load_dashboard_settings"]
-
 CommaList = Annotated[tuple[str, ...], NoDecode]
 
 

@@ -8,8 +8,9 @@ import pytest
 from streamlit import config
 from streamlit.testing.v1 import AppTest
 
+from jobsight.collector.settings import SettingsError
 from jobsight.dashboard.identity import Refusal, Viewer, is_loopback, resolve_viewer
-from jobsight.dashboard.settings import SettingsError, load_dashboard_settings
+from jobsight.dashboard.settings import load_dashboard_settings
 from tests.dashboard.conftest import APP, texts
 from tests.dashboard.seed import Seed
 
