@@ -59,6 +59,11 @@ class AgentSettings:
     """Path of ``libnvidia-ml.so.1``; ``None`` lets pynvml find the system one."""
     data_dir: str = field(default_factory=default_data_dir)
     directive_poll_s: float = 3.0
+    poison_tries: int = 5
+    """Tries of one batch, all with the same non-transient answer (e.g. HTTP 500), before it is
+    set aside; ``poison_after_s`` must have passed too (see ``agent/shipping/poison.py``)."""
+    poison_after_s: float = 120.0
+    """Seconds from the first such try before a batch may be set aside."""
 
     def collector_endpoint(self) -> CollectorEndpoint:
         parsed = urlparse(self.url)
@@ -112,14 +117,23 @@ _ENV_NAMES = {
     "nvml_library": "JOBSIGHT_NVML_LIBRARY",
     "data_dir": "JOBSIGHT_DATA_DIR",
     "directive_poll_s": "JOBSIGHT_DIRECTIVE_POLL_S",
+    "poison_tries": "JOBSIGHT_POISON_TRIES",
+    "poison_after_s": "JOBSIGHT_POISON_AFTER_S",
 }
+
+# Integer settings with a floor: below it the setting would mean nothing (or everything).
+_AT_LEAST = {"poison_tries": 1}
 
 
 def _convert(name: str, raw: Any, default: Any) -> Any:
     if isinstance(default, bool):
         return str(raw).lower() in ("1", "true", "yes", "on")
     if isinstance(default, int):
-        return int(raw)
+        number = int(raw)
+        floor = _AT_LEAST.get(name)
+        if floor is not None and number < floor:
+            raise ValueError(f"must be at least {floor}")
+        return number
     if isinstance(default, float):
         value = float(raw)
         if value != value or value <= 0:

@@ -8,6 +8,9 @@
   order, with each batch's original ``(source, seq)``, once the collector
   answers again. Segments left by a dead process on this node are adopted and
   replayed too.
+* but a batch that keeps getting the same non-transient answer (a 500 for that
+  batch) is quarantined by the rule of :mod:`jobsight.agent.shipping.poison`: kept
+  in ``rejected/`` too, its records reported as dropped, and the rest flows.
 
 Used from the shipper's worker thread only; a forked child makes its own.
 """
@@ -17,12 +20,13 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from typing import Final
+from typing import Any, Final
 
 from jobsight.agent.settings import AgentSettings
 from jobsight.agent.shipping.batch_store import BatchStore, MemorySpool
 from jobsight.agent.shipping.client import CollectorClient
 from jobsight.agent.shipping.outcomes import ACK, RETRY, Outcome
+from jobsight.agent.shipping.poison import PoisonWatch, records_of
 from jobsight.agent.shipping.spool import Spool
 from jobsight.agent.shipping.spool_format import SpooledBatch
 from jobsight.agent.shipping.stats import ShipperStats
@@ -36,8 +40,9 @@ class Delivery:
     """Sends or stores each batch, in order, and replays the store.
 
     ``settle(n)`` is called when ``n`` of this process's (``source``'s) records are
-    done with: acknowledged or refused. Batches adopted from other processes are
-    not counted.
+    done with: acknowledged, refused or quarantined. Batches adopted from other
+    processes are not counted. ``report_drops(records, reason)`` counts the records
+    of a quarantined batch (ours or adopted) for a ``dropped`` report.
     """
 
     def __init__(
@@ -48,6 +53,7 @@ class Delivery:
         *,
         source: str,
         settle: Callable[[int], None],
+        report_drops: Callable[[list[dict[str, Any]], str], None],
         use_spool: bool,
     ) -> None:
         self.settings = settings
@@ -55,7 +61,9 @@ class Delivery:
         self.stats = stats
         self.source = source
         self._settle = settle
+        self._report_drops = report_drops
         self._use_spool = use_spool
+        self.poison = PoisonWatch(settings.poison_tries, settings.poison_after_s)
         self.store: BatchStore | None = None
         """``None`` until :meth:`open` (on the worker thread)."""
         self._next_adopt = 0.0
@@ -106,8 +114,12 @@ class Delivery:
                 return False
         outcome = self.client.post_batch(batch.body)
         if outcome.kind == RETRY:
-            self.client.back_off(outcome)
-            return self._keep(batch, store)
+            reason = self.poison.failed(batch, outcome)
+            if reason is None:
+                self.client.back_off(outcome)
+                return self._keep(batch, store)
+            self._quarantine(batch, outcome, reason, store, spooled=False)
+            return True
         self._finish(batch, outcome, store, spooled=False)
         return True
 
@@ -126,13 +138,18 @@ class Delivery:
             return False
         outcome = self.client.post_batch(batch.body)
         if outcome.kind == RETRY:
-            self.client.back_off(outcome)
-            return False
+            reason = self.poison.failed(batch, outcome)
+            if reason is None:
+                self.client.back_off(outcome)
+                return False
+            self._quarantine(batch, outcome, reason, store, spooled=True)
+            return True
         self.stats.replayed_batches += 1
         self._finish(batch, outcome, store, spooled=True)
         return True
 
     def _finish(self, batch: SpooledBatch, outcome: Outcome, store: BatchStore, spooled: bool) -> None:
+        self.poison.forget()
         if outcome.kind == ACK:
             self.stats.sent_batches += 1
             self.stats.sent_records += batch.records
@@ -157,6 +174,29 @@ class Delivery:
             if batch.source != self.source:
                 return  # adopted from another process: not ours to count
         self._settle(batch.records)
+
+    def _quarantine(
+        self, batch: SpooledBatch, outcome: Outcome, reason: str, store: BatchStore, spooled: bool
+    ) -> None:
+        # Rare by construction (at most one batch per poison_after_s), so every one is logged.
+        log.warning(
+            "jobsight: batch %s/%d of %d records %s; it is kept in %s/rejected and the batches after it go on",
+            batch.source,
+            batch.seq,
+            batch.records,
+            reason,
+            self.settings.resolved_spool_dir(),
+        )
+        self.stats.quarantined_batches += 1
+        if spooled:
+            store.reject(batch, outcome.status, outcome.detail, quarantined=reason)
+        else:
+            store.set_aside(batch, outcome.status, outcome.detail, quarantined=reason)
+        # The backoff is left as it is: the next batch is posted at once (this try was
+        # allowed), and a collector that fails it too is still backed off from.
+        self._report_drops(records_of(batch), reason)
+        if batch.source == self.source:
+            self._settle(batch.records)
 
     def _log_once(self, key: str, message: str, *args: object) -> None:
         if key not in self._logged:

@@ -1,10 +1,10 @@
 """The shipper's bounded queue: records waiting for the worker, drops not yet reported,
 and the count of settled records that ``flush`` waits on.
 
-When a cap forces a drop (full queue, full spool, a record that is not JSON) the
-count is kept per job and reason and sent as a ``dropped`` record; if that
-record is itself dropped its count rolls into the next one, so the counts always
-add up to what is missing.
+When a cap forces a drop (full queue, full spool, a record that is not JSON), or a
+batch is quarantined (:mod:`jobsight.agent.shipping.poison`), the count is kept per
+job and reason and sent as a ``dropped`` record; if that record is itself dropped
+its count rolls into the next one, so the counts always add up to what is missing.
 
 Every record taken in, and every ``dropped`` record promised, is *expected*;
 each is later *settled* (acknowledged, refused or dropped). ``flush`` waits for
@@ -84,15 +84,37 @@ class RecordQueue:
     def drop_batch(self, records: list[dict[str, Any]], reason: str) -> None:
         """Count a batch that could be neither sent nor kept as dropped, and settle it."""
         with self.lock:
-            for record in records:
-                if record.get("kind") == "dropped":
-                    # Roll an unsent report forward so no drop goes uncounted.
-                    count = record.get("count")
-                    self.note_drop_locked(record.get("job"), str(record.get("reason")), int(count or 0))
-                    self.stats.dropped_records -= int(count or 0)  # already counted once
-                else:
-                    self.note_drop_locked(record.get("job"), reason, 1)
+            self._note_records_locked(records, reason, None)
         self.settle(len(records))
+
+    def drop_set_aside(self, records: list[dict[str, Any]], reason: str) -> None:
+        """Count the records of a batch set aside unsent (quarantined) as dropped, so the
+        collector hears of them. Settling is the caller's: a batch adopted from another
+        process was never expected here.
+
+        Such a batch may hold another job's records. When this process has a job
+        (``job_id``), they are reported under it, their job named in the reason: a job
+        token writes its own job only, and a refused report would take the good records
+        batched with it down too.
+        """
+        with self.lock:
+            self._note_records_locked(records, reason, self.settings.job_id)
+
+    def _note_records_locked(self, records: list[dict[str, Any]], reason: str, own_job: str | None) -> None:
+        for record in records:
+            job = record.get("job")
+            dropped = record.get("kind") == "dropped"
+            why = str(record.get("reason")) if dropped else reason
+            if own_job and isinstance(job, str) and job != own_job:
+                why, job = f"{why} (records of job {job})", own_job
+            if dropped:
+                # Roll an unsent report forward so no drop goes uncounted.
+                count = record.get("count")
+                count = count if isinstance(count, int) and not isinstance(count, bool) and count > 0 else 0
+                self.note_drop_locked(job, why, count)
+                self.stats.dropped_records -= count  # not a new drop: only its report moves on
+            else:
+                self.note_drop_locked(job, why, 1)
 
     def due_in(self, now: float) -> float | None:
         """Seconds until the oldest waiting record is due to be sent; ``None`` when nothing waits."""

@@ -88,6 +88,7 @@ class Shipper:
             self._stats,
             source=self.source,
             settle=self._queue.settle,
+            report_drops=self._queue.drop_set_aside,
             use_spool=self._use_spool,
         )
 

@@ -3,7 +3,9 @@
 Layout of ``<spool dir>``::
 
     <created_us:020d>-<pid>-<n:04d>.seg   segments, one writer process each
-    rejected/<name>.json.gz + .meta.json  batches the collector refused (4xx)
+    rejected/<name>.json.gz + .meta.json  batches the collector refused (4xx), and those
+                                          quarantined after failing the same way too
+                                          long (:mod:`jobsight.agent.shipping.poison`)
 
 How a segment's bytes are framed is :mod:`jobsight.agent.shipping.spool_format`'s; how one is
 created, locked and adopted is :mod:`jobsight.agent.shipping.spool_segments`'. Replay reads
@@ -179,17 +181,24 @@ class Spool:
         if segment.next >= len(segment.entries):
             self._retire(segment)
 
-    def reject(self, batch: SpooledBatch, status: int, detail: str) -> None:
+    def reject(self, batch: SpooledBatch, status: int, detail: str, quarantined: str | None = None) -> None:
         """Set the batch last peeked aside in ``rejected/`` and move past it."""
-        self.set_aside(batch, status, detail)
+        self.set_aside(batch, status, detail, quarantined)
         self.ack()
 
-    def set_aside(self, batch: SpooledBatch, status: int, detail: str) -> None:
-        """Keep a batch the collector refused in ``rejected/``, for a person to look at."""
+    def set_aside(self, batch: SpooledBatch, status: int, detail: str, quarantined: str | None = None) -> None:
+        """Keep a batch the collector refused in ``rejected/``, for a person to look at.
+
+        ``quarantined`` is why a batch that was never refused outright (it kept failing
+        with the same 5xx) was set aside; its meta file says so under that key.
+        """
         folder = os.path.join(self.directory, REJECTED_DIR)
-        meta = json.dumps(
-            {"source": batch.source, "seq": batch.seq, "records": batch.records, "status": status, "detail": detail}
-        ).encode()
+        fields: dict[str, object] = {
+            "source": batch.source, "seq": batch.seq, "records": batch.records, "status": status, "detail": detail
+        }
+        if quarantined is not None:
+            fields["quarantined"] = quarantined
+        meta = json.dumps(fields).encode()
         if self.bytes_used() + len(batch.body) + len(meta) > self.max_bytes:
             log.warning("jobsight: spool full; not keeping rejected batch %s/%d", batch.source, batch.seq)
             return

@@ -14,4 +14,7 @@ class ShipperStats:
     replayed_batches: int = 0
     dropped_records: int = 0
     rejected_batches: int = 0
+    """Batches the collector refused (4xx)."""
+    quarantined_batches: int = 0
+    """Batches set aside after failing the same way too long (:mod:`jobsight.agent.shipping.poison`)."""
     duplicate_batches: int = 0

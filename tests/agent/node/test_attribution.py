@@ -12,6 +12,7 @@ import logging
 import os
 import stat
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -76,10 +77,31 @@ def test_job_of_pid_reads_cgroup_then_environ(proc_root: Path) -> None:
     assert pids_by_job(root) == {"7": [100], "4242": [101], "777": [102, 103]}
 
 
+def wait_for_exec(pid: int, argv: list[str], timeout: float = 5.0) -> None:
+    """Wait until ``pid`` runs ``argv``: ``Popen`` returns once exec has begun (the close-on-exec
+    pipe closes early in exec), before the kernel has laid out the new program's arguments and
+    environment, so ``/proc/<pid>/environ`` can still read empty. The kernel sets ``cmdline``
+    and ``environ`` in the same step; wait for both."""
+    want = "".join(f"{arg}\0" for arg in argv).encode()
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+            environ = Path(f"/proc/{pid}/environ").read_bytes()
+        except OSError:
+            cmdline = environ = b""
+        if cmdline == want and environ:
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"process {pid} did not exec {argv} within {timeout} s (cmdline {cmdline!r})")
+        time.sleep(0.005)
+
+
 def test_real_process_is_traced_through_real_proc() -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
     child = subprocess.Popen(["sleep", "30"], env={**env, "SLURM_JOB_ID": "31337"})
     try:
+        wait_for_exec(child.pid, ["sleep", "30"])
         assert job_of_pid(child.pid) == "31337"
         assert child.pid in pids_by_job().get("31337", [])
     finally:
@@ -124,9 +146,12 @@ def test_attribution_rules(proc_root: Path, caplog: pytest.LogCaptureFixture) ->
 def job_child() -> Iterator[subprocess.Popen[bytes]]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
     child = subprocess.Popen(["sleep", "30"], env={**env, "SLURM_JOB_ID": "5150"})
-    yield child
-    child.kill()
-    child.wait()
+    try:
+        wait_for_exec(child.pid, ["sleep", "30"])
+        yield child
+    finally:
+        child.kill()
+        child.wait()
 
 
 def test_nvml_process_list_to_job_through_real_proc(
