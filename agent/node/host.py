@@ -23,6 +23,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Final
 
+CPU_UTIL_MAX = 100_000.0
+"""The wire's bound on ``cpu_util`` (percent of one CPU)."""
+
 log = logging.getLogger("jobsight.agent.host")
 
 # cgroup v1 reports "no limit" as the largest page-aligned signed 64-bit value.
@@ -240,7 +243,8 @@ class HostSampler:
                 elapsed = now - previous[0]
                 spent = cpu - previous[1]
                 if elapsed > 0 and spent >= 0:
-                    util = 100.0 * spent / elapsed
+                    # Two readings very close together can overshoot; the wire's cap is 1000 busy cores.
+                    util = min(100.0 * spent / elapsed, CPU_UTIL_MAX)
             self._previous[job] = (now, cpu)
         return HostReading(cpu_time_s=cpu, cpu_util=util, mem_used=used, mem_limit=limit, source=source)
 

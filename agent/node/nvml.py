@@ -298,9 +298,10 @@ class NvmlSampler:
         if result is None:
             return None, None
         sm, tensor = result.metrics[0], result.metrics[1]
+        # GPM percentages can overshoot 100 by rounding; the wire refuses what is not a percent.
         return (
-            float(sm.value) if sm.nvmlReturn == 0 else None,
-            float(tensor.value) if tensor.nvmlReturn == 0 else None,
+            _percent(sm.value) if sm.nvmlReturn == 0 else None,
+            _percent(tensor.value) if tensor.nvmlReturn == 0 else None,
         )
 
     def _free_gpm(self, nv: Any, gpu: _Device) -> None:
@@ -391,3 +392,7 @@ class NvmlSampler:
         return visible_gpu_indices(cuda_visible_devices, devices)
 
 
+def _percent(value: float) -> float | None:
+    """``value`` kept within 0..100; ``None`` for NaN."""
+    number = float(value)
+    return None if number != number else min(100.0, max(0.0, number))

@@ -29,15 +29,30 @@ from jobsight.protocol import wire
 from jobsight.protocol.json_safe import clip, json_safe
 
 EVENT_LOGGER = "jobsight.run"
+# The bounds the collector holds step fields to (jobsight.protocol.records): a value outside
+# them would have the whole batch refused, so it is brought inside (or left out) here.
+_SECONDS = wire.RANGES["step"]["duration_s"]
+_METRIC = wire.RANGES["metric"]["value"]
+_INT4 = wire.RANGES["step"]["samples"]
 
 
 def _finite(value: Any) -> float | None:
     """``value`` as a float, or ``None`` when it is not a finite number (tensors included)."""
     try:
         number = float(value.item() if hasattr(value, "item") else value)
-    except (TypeError, ValueError, RuntimeError):
+    except (TypeError, ValueError, RuntimeError, OverflowError):
         return None
     return number if math.isfinite(number) else None
+
+
+def _seconds(value: Any) -> float | None:
+    """A duration inside the wire's bounds (a clock stepping back makes a negative one)."""
+    number = _finite(value)
+    return None if number is None else min(max(number, _SECONDS.lo), _SECONDS.hi)
+
+
+def _int4(value: int | None) -> int | None:
+    return value if value is None or _INT4.lo <= value <= _INT4.hi else None
 
 
 class RunRecorder:
@@ -83,19 +98,22 @@ class RunRecorder:
         """One finished step; ``data_wait_s``/``compute_s`` ``None`` means not measurable here."""
         record = self._base("step")
         record.update(
-            rank=self.rank, pid=self.pid, tid=threading.get_native_id(), step=int(step), epoch=epoch, phase=phase,
-            duration_s=max(float(duration_s), 0.0), data_wait_s=data_wait_s, compute_s=compute_s, samples=samples,
+            rank=self.rank, pid=self.pid, tid=threading.get_native_id(), step=int(step), epoch=_int4(epoch),
+            phase=clip(phase, wire.MAX_STRING) if phase is not None else None,
+            duration_s=_seconds(duration_s) or 0.0, data_wait_s=_seconds(data_wait_s), compute_s=_seconds(compute_s),
+            samples=_int4(samples),
         )
         self.shipper.enqueue(record)
 
     def metrics(self, values: Mapping[str, Any], step: int | None = None) -> None:
-        """Each finite number in ``values`` as a ``metric`` record; the rest are skipped."""
+        """Each finite number in ``values`` (within the wire's bounds) as a ``metric`` record; the
+        rest are skipped."""
         ts = wire.now_us()
         tid = threading.get_native_id()
         for name, raw in values.items():
             value = _finite(raw)
-            if value is None:
-                continue
+            if value is None or not _METRIC.lo <= value <= _METRIC.hi:
+                continue  # what the collector would refuse would take the whole batch with it
             record = self._base("metric", ts)
             record.update(
                 rank=self.rank, pid=self.pid, tid=tid, step=step, name=clip(str(name), wire.MAX_STRING), value=value
@@ -110,10 +128,11 @@ class RunRecorder:
         text = None
         if exception is not None:
             text = "".join(traceback.format_exception(type(exception), exception, exception.__traceback__))
-            text = text[-wire.MAX_MESSAGE :]
+            text = clip(text, wire.MAX_MESSAGE, tail=True)  # a traceback's end says the most
         record.update(
-            rank=self.rank, pid=self.pid, tid=threading.get_native_id(), thread=threading.current_thread().name,
-            level=level, logger=EVENT_LOGGER, message=clip(message, wire.MAX_MESSAGE), exception=text,
+            rank=self.rank, pid=self.pid, tid=threading.get_native_id(),
+            thread=clip(threading.current_thread().name, wire.MAX_STRING), level=clip(str(level), wire.MAX_STRING),
+            logger=EVENT_LOGGER, message=clip(str(message), wire.MAX_MESSAGE), exception=text,
             attrs=json_safe(attrs) if attrs else None,
         )
         self.shipper.enqueue(record)
@@ -121,14 +140,19 @@ class RunRecorder:
     def run_started(self, *, demo: bool = False, name: str | None = None, attrs: Mapping[str, Any]) -> None:
         """The run's metadata on the job (``job_started`` merges ``attrs`` into the job's)."""
         record = self._base("job_started")
-        record.update(demo=demo, name=name, attrs=json_safe(dict(attrs)))
+        record.update(
+            demo=demo, name=clip(str(name), wire.MAX_STRING) if name is not None else None, attrs=json_safe(dict(attrs))
+        )
         self.shipper.enqueue(record)
 
     def profile(self, record: dict[str, Any]) -> None:
         """A ready ``profile`` record from :mod:`~jobsight.agent.training.profiling` (job, node, rank and pid
-        filled in here)."""
+        filled in here). Its summary and hints come from a profiler's op names and the run's ``extra``:
+        they go through ``json_safe`` like any other value of the user's."""
         record.update(self._base("profile"))
-        record.update(rank=self.rank, pid=self.pid)
+        record.update(rank=self.rank, pid=self.pid, summary=json_safe(record.get("summary") or {}))
+        if record.get("diagnosis") is not None:
+            record["diagnosis"] = json_safe(record["diagnosis"])
         self.shipper.enqueue(record)
 
     def flush(self, timeout: float = 2.0) -> bool:

@@ -7,7 +7,7 @@ from these classes: :mod:`jobsight.protocol.wire` derives its validation table
 plus what the node daemon keeps for itself, and ``tests/protocol/test_record_shapes.py``
 holds the collector's tables to them.
 
-How a field's annotation becomes its wire spec (see ``wire.spec_of``):
+How a field's annotation becomes its wire spec (see ``specs.spec_of``):
 
 * ``str`` -> ``"str"`` (a short string, at most ``wire.MAX_STRING`` characters);
   :data:`Text` -> ``"text"`` (a long one, up to ``wire.MAX_MESSAGE``);
@@ -15,6 +15,17 @@ How a field's annotation becomes its wire spec (see ``wire.spec_of``):
 * ``list[str]`` -> ``"str_list"``, ``list[int]`` -> ``"int_list"``;
 * ``X | None`` -> the spec of ``X`` with a trailing ``"?"``: the field may be absent or null.
   Such a field defaults to ``None`` here; a required one has no default.
+
+What values a field takes is declared here too, with ``Annotated`` markers the validator reads:
+
+* :class:`Range`: the inclusive bounds of an ``int`` or ``float`` field. An integer's are those
+  of the PostgreSQL column it lands in (:data:`Int2`, :data:`Int4`, :data:`Int8`; see
+  ``collector/schema.py``, and ``tests/protocol/test_record_shapes.py``, which holds the two
+  together). A float column (float8) takes any finite number, but PostgreSQL adds some of
+  them up (the per-minute GPU rollup, averages on the charts): those fields get physical
+  bounds, so that no sum of stored values can overflow a float8. A bare ``int`` is an int8,
+  a bare ``float`` any finite number.
+* :class:`Content`: what a value must hold beyond its type (a gzip stream, a JSON object).
 
 A field's place in its class is its place in validation, which decides the field that
 a record breaking several rules is rejected for; append new fields at the end.
@@ -33,10 +44,58 @@ class WireSpec:
     spec: str
 
 
+@dataclass(frozen=True)
+class Range:
+    """Marks the inclusive bounds of an ``int`` or ``float`` field (see the module docstring)."""
+
+    lo: int | float
+    hi: int | float
+
+
+@dataclass(frozen=True)
+class Content:
+    """Marks what a value must hold beyond its type; ``wire`` has one check per name."""
+
+    name: str
+
+
+# The PostgreSQL integer columns: smallint, integer, bigint.
+Int16: Final = Range(-(2**15), 2**15 - 1)
+Int32: Final = Range(-(2**31), 2**31 - 1)
+Int64: Final = Range(-(2**63), 2**63 - 1)
+Int2 = Annotated[int, Int16]
+"""An integer stored in a ``smallint`` column."""
+Int4 = Annotated[int, Int32]
+"""An integer stored in an ``integer`` column."""
+Int8 = Annotated[int, Int64]
+"""An integer stored in a ``bigint`` column (or not stored as a column at all)."""
+
+# Physical bounds of the floats PostgreSQL sums (collector/rollup.py, collector/summaries.py,
+# the charts' averages): wide enough for any real reading, narrow enough that adding up
+# every sample any batch can carry stays far inside a float8.
+Percent = Annotated[float, Range(0.0, 100.0)]
+Celsius = Annotated[float, Range(-273.0, 1000.0)]
+Watts = Annotated[float, Range(0.0, 100_000.0)]
+Joules = Annotated[float, Range(0.0, 1e15)]
+"""A counter since the driver loaded: 1e15 J is a 1 MW machine running for 30 years."""
+Seconds = Annotated[float, Range(0.0, 1e9)]
+"""A duration: 1e9 s is 31 years."""
+CpuPercent = Annotated[float, Range(0.0, 100_000.0)]
+"""Percent of one CPU: 100000 is a thousand busy cores."""
+CpuSeconds = Annotated[float, Range(0.0, 1e12)]
+"""CPU time of a job on one node, all its cores together: 1e12 s is a thousand cores for 31 years."""
+
 Text = Annotated[str, WireSpec("text")]
 """A string that may be long (a log message, a traceback): capped at ``wire.MAX_MESSAGE``."""
 Json = Annotated[Any, WireSpec("json")]
 """Any JSON value; strings inside are capped like :data:`Text`."""
+JsonObject = Annotated[Any, WireSpec("json"), Content("object")]
+"""A JSON object (a profile's summary)."""
+Hints = Annotated[Any, WireSpec("json"), Content("hints")]
+"""A list of diagnosis hints (:mod:`jobsight.protocol.diagnosis`): objects, each with a string ``rule``."""
+GzipBase64 = Annotated[str, WireSpec("text"), Content("gzip_base64")]
+"""Base64 of one gzip stream and nothing after it (a profiler trace): capped at ``wire.MAX_TRACE_B64``
+characters, and at ``wire.MAX_TRACE_INFLATED`` bytes once inflated."""
 
 
 @dataclass(kw_only=True)
@@ -47,7 +106,7 @@ class Common:
     """One of the keys of :data:`RECORDS`."""
     job: str
     """The Slurm job id, or ``local-<host>-<pid>-<start>`` outside Slurm."""
-    ts: int
+    ts: Int8
     """Microseconds since the Unix epoch, UTC."""
     node: str | None = None
     """The host the record was taken on."""
@@ -60,39 +119,39 @@ class GpuSample:
     """One GPU (or one MIG device) at one tick. ``None`` means NVML could not give
     the value: not supported by this GPU or driver, or it failed this tick."""
 
-    gpu_index: int
+    gpu_index: Int2
     gpu_uuid: str
     """The physical GPU's UUID; empty only for a GPU lost before it could be named."""
     gpu_name: str | None = None
     mig_uuid: str | None = None
     """Set on a MIG device's row; the physical GPU's own row has ``None``."""
-    util_gpu: float | None = None
+    util_gpu: Percent | None = None
     """Percent of the last sample period a kernel was running."""
-    util_mem: float | None = None
+    util_mem: Percent | None = None
     """Percent of the last sample period device memory was read or written."""
-    mem_used: int | None = None
+    mem_used: Int8 | None = None
     """Bytes."""
-    mem_total: int | None = None
+    mem_total: Int8 | None = None
     """Bytes."""
-    power_w: float | None = None
-    energy_j: float | None = None
+    power_w: Watts | None = None
+    energy_j: Joules | None = None
     """Energy since the driver was loaded, in joules."""
-    temp_c: float | None = None
-    sm_clock_mhz: int | None = None
-    mem_clock_mhz: int | None = None
-    pcie_tx_kbs: int | None = None
-    pcie_rx_kbs: int | None = None
-    throttle_reasons: int | None = None
+    temp_c: Celsius | None = None
+    sm_clock_mhz: Int4 | None = None
+    mem_clock_mhz: Int4 | None = None
+    pcie_tx_kbs: Int4 | None = None
+    pcie_rx_kbs: Int4 | None = None
+    throttle_reasons: Int8 | None = None
     """NVML's clock event (throttle) reason bit mask."""
-    ecc_errors: int | None = None
+    ecc_errors: Int8 | None = None
     """Volatile *uncorrected* ECC errors since the driver was loaded (corrected
     errors are routine on HBM and are not counted)."""
-    process_count: int | None = None
+    process_count: Int4 | None = None
     """Compute processes on this device."""
-    sm_active: float | None = None
+    sm_active: Percent | None = None
     """GPM SM utilisation, percent, over the last tick; ``None`` without GPM
     (pre-Hopper, MIG devices, or the first tick)."""
-    tensor_active: float | None = None
+    tensor_active: Percent | None = None
     """GPM tensor-core utilisation, percent, like ``sm_active``."""
     lost: bool | None = False
     """The GPU fell off the bus; every measurement is ``None``. Optional on the wire
@@ -103,13 +162,13 @@ class GpuSample:
 class HostSample:
     """One job's CPU and memory use on one node at one tick."""
 
-    cpu_util: float | None = None
+    cpu_util: CpuPercent | None = None
     """Percent of one CPU since the previous reading (200 = two cores busy)."""
-    cpu_time_s: float | None = None
+    cpu_time_s: CpuSeconds | None = None
     """CPU seconds the job has used."""
-    mem_used: int | None = None
+    mem_used: Int8 | None = None
     """Bytes."""
-    mem_limit: int | None = None
+    mem_limit: Int8 | None = None
     """Bytes."""
 
 
@@ -117,9 +176,9 @@ class HostSample:
 class Log:
     """One log line of a training process."""
 
-    rank: int | None = None
-    pid: int | None = None
-    tid: int | None = None
+    rank: Int4 | None = None
+    pid: Int4 | None = None
+    tid: Int8 | None = None
     thread: str | None = None
     level: str
     logger: str | None = None
@@ -133,45 +192,47 @@ class Log:
 class Metric:
     """One named value a training process reported."""
 
-    rank: int | None = None
-    pid: int | None = None
-    tid: int | None = None
-    step: int | None = None
+    rank: Int4 | None = None
+    pid: Int4 | None = None
+    tid: Int8 | None = None
+    step: Int8 | None = None
     name: str
-    value: float
+    value: Annotated[float, Range(-1e140, 1e140)]
+    """Any finite number within ±1e140: charts average a bucket's values, and PostgreSQL's
+    ``avg`` keeps the sum of squares, which a larger value would overflow."""
 
 
 @dataclass(kw_only=True)
 class Step:
     """One training step and where its time went."""
 
-    rank: int | None = None
-    pid: int | None = None
-    tid: int | None = None
-    step: int
-    epoch: int | None = None
+    rank: Int4 | None = None
+    pid: Int4 | None = None
+    tid: Int8 | None = None
+    step: Int8
+    epoch: Int4 | None = None
     phase: str | None = None
-    duration_s: float
-    data_wait_s: float | None = None
-    compute_s: float | None = None
-    samples: int | None = None
+    duration_s: Seconds
+    data_wait_s: Seconds | None = None
+    compute_s: Seconds | None = None
+    samples: Int4 | None = None
 
 
 @dataclass(kw_only=True)
 class Profile:
     """A profiler capture of a few steps: its summary and, optionally, the trace itself."""
 
-    rank: int | None = None
-    pid: int | None = None
+    rank: Int4 | None = None
+    pid: Int4 | None = None
     profile_id: str
-    request_id: int | None = None
+    request_id: Int8 | None = None
     """The on-demand request this profile answers, if any."""
-    step_start: int | None = None
-    step_end: int | None = None
-    summary: Json
-    diagnosis: Json | None = None
-    trace_gz_b64: Text | None = None
-    """The gzip-compressed trace in base64; the validator gives it a larger cap of its own."""
+    step_start: Int8 | None = None
+    step_end: Int8 | None = None
+    summary: JsonObject
+    diagnosis: Hints | None = None
+    trace_gz_b64: GzipBase64 | None = None
+    """The gzip-compressed Chrome trace in base64, with caps of its own (:data:`GzipBase64`)."""
     note: str | None = None
 
 
@@ -180,15 +241,15 @@ class JobStarted:
     """A job's metadata, from a Slurm prolog or the training process's run metadata."""
 
     user: str | None = None
-    uid: int | None = None
+    uid: Int4 | None = None
     account: str | None = None
     partition: str | None = None
     name: str | None = None
     nodes: list[str] | None = None
-    node_count: int | None = None
+    node_count: Int4 | None = None
     gpus: list[str] | None = None
     """The job's GPU indices on the sending node; the collector prefixes them with ``node``."""
-    time_limit_s: int | None = None
+    time_limit_s: Int4 | None = None
     demo: bool | None = None
     attrs: Json | None = None
 
@@ -197,7 +258,7 @@ class JobStarted:
 class JobEnded:
     """The end of a job, from a Slurm epilog or the training process."""
 
-    exit_code: int | None = None
+    exit_code: Int4 | None = None
     state: str | None = None
 
 
@@ -205,7 +266,7 @@ class JobEnded:
 class Dropped:
     """Records the agent had to throw away."""
 
-    count: int
+    count: Int8
     reason: str | None = None
 
 

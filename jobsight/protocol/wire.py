@@ -11,7 +11,9 @@ often it is sent. Every record carries ``kind``, ``job`` (the Slurm job id, or
 Unix epoch, UTC).
 
 Each kind's fields are declared once, in :mod:`jobsight.protocol.records`; ``FIELDS``
-is derived from there. Validation lives here, in the standard library only, because
+(and ``RANGES``, the bounds of numbers) are derived from there by
+:mod:`jobsight.protocol.specs`; the checks of one value beyond its type are
+:mod:`jobsight.protocol.checks`'. Validation lives here, in the standard library only, because
 the agent must import with nothing but the ``agent`` extra installed. The collector
 runs the same checks and turns a :class:`WireError` into a 422 naming the record and
 the field.
@@ -21,60 +23,35 @@ from __future__ import annotations
 
 import gzip
 import json
-import math
 import time
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-from dataclasses import fields as dataclass_fields
-from types import UnionType
-from typing import Annotated, Any, Final, Union, get_args, get_origin, get_type_hints
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any, Final
 
-from jobsight.protocol.records import RECORDS, Common, WireSpec
+from jobsight.protocol import checks
+from jobsight.protocol.records import RECORDS, Common, Int64, Range
+from jobsight.protocol.specs import FINITE, wire_contents, wire_fields, wire_ranges
 
 VERSION: Final = 1
 MAX_STRING: Final = 4096
 MAX_MESSAGE: Final = 65536
 MAX_RECORDS: Final = 20000
+MAX_JSON_DEPTH: Final = 16
+"""Containers nested in a JSON field, at most."""
+_DAY_US: Final = 86400 * 1_000_000
 # Timestamps before this or more than a day ahead of the collector's clock are
 # almost always unit mistakes (seconds or nanoseconds passed as microseconds).
 MIN_TS_US: Final = 946684800 * 1_000_000  # 2000-01-01
-FUTURE_SLACK_US: Final = 86400 * 1_000_000
-
-_PLAIN_SPECS: Final[dict[Any, str]] = {str: "str", int: "int", float: "float", bool: "bool"}
-
-
-def spec_of(hint: Any) -> str:
-    """The wire spec of a field annotation in :mod:`jobsight.protocol.records`.
-
-    ``str``, ``int``, ``float``, ``bool`` are specs of the same name; ``Annotated[..., WireSpec(s)]``
-    (``records.Text``, ``records.Json``) is ``s``; ``list[str]`` and ``list[int]`` are ``"str_list"``
-    and ``"int_list"``; ``X | None`` is the spec of ``X`` plus ``"?"`` (absent or null allowed).
-    Anything else raises ``TypeError``, so a field the validator cannot check never loads."""
-    optional = False
-    if get_origin(hint) in (Union, UnionType):
-        members = [arg for arg in get_args(hint) if arg is not type(None)]
-        if len(members) != 1 or len(get_args(hint)) != 2:
-            raise TypeError(f"no wire spec for {hint!r}: only X | None unions")
-        optional, hint = True, members[0]
-    if get_origin(hint) is Annotated:
-        marks = [mark for mark in hint.__metadata__ if isinstance(mark, WireSpec)]
-        if len(marks) != 1:
-            raise TypeError(f"no wire spec for {hint!r}: expected one WireSpec")
-        spec = marks[0].spec
-    elif get_origin(hint) is list and get_args(hint) in ((str,), (int,)):
-        spec = f"{_PLAIN_SPECS[get_args(hint)[0]]}_list"
-    elif hint in _PLAIN_SPECS:
-        spec = _PLAIN_SPECS[hint]
-    else:
-        raise TypeError(f"no wire spec for {hint!r}")
-    return f"{spec}?" if optional else spec
-
-
-def wire_fields(shape: type[Any]) -> dict[str, str]:
-    """A records dataclass's fields as ``{name: spec}``, in declaration order."""
-    hints = get_type_hints(shape, include_extras=True)
-    return {f.name: spec_of(hints[f.name]) for f in dataclass_fields(shape)}
-
+FUTURE_SLACK_US: Final = _DAY_US
+# Each UTC day of a time-series record is a daily partition, which the collector creates in
+# the request when it is missing. Late records are normal (a spool replayed after an outage),
+# so a week back is taken; older records, and one batch spread over many days, are refused, so
+# that no body can make the collector create partitions by the hundred. A record may be from
+# 7 days back to 1 ahead (FUTURE_SLACK_US), a window that touches 9 UTC days unless it starts
+# at midnight: a batch may touch 8 of them. No agent's batch comes near (its records span
+# seconds, and a spooled batch is replayed as it was sent).
+MAX_RECORD_AGE_DAYS: Final = 7
+MAX_BATCH_DAYS: Final = 8
 
 # Field specs by kind, derived from jobsight.protocol.records, the one declaration of each
 # kind's shape (add or change a field there, not here): "str", "text" (long string), "int",
@@ -84,9 +61,17 @@ def wire_fields(shape: type[Any]) -> dict[str, str]:
 KINDS: Final[tuple[str, ...]] = tuple(RECORDS)
 _COMMON: Final = wire_fields(Common)
 FIELDS: Final[dict[str, dict[str, str]]] = {kind: wire_fields(shape) for kind, shape in RECORDS.items()}
+# The bounds of every int and float field by kind, common fields included; also derived.
+RANGES: Final[dict[str, dict[str, Range]]] = {
+    kind: {**wire_ranges(Common), **wire_ranges(shape)} for kind, shape in RECORDS.items()
+}
 
-# The profile trace is a gzip blob in base64; it has its own, larger cap.
+# The profile trace is a gzip blob in base64; it has its own, larger cap, and a cap on what
+# it inflates to, so that no trace is a gzip bomb. The agent leaves out a trace over either
+# (agent/training/profiling.pack_trace); the collector's format=json download has the same
+# 256 MiB cap (collector/traces.py).
 MAX_TRACE_B64: Final = 16 * 1024 * 1024
+MAX_TRACE_INFLATED: Final = 256 * 1024 * 1024
 
 
 class WireError(ValueError):
@@ -141,86 +126,108 @@ def loads_batch(raw: bytes) -> Any:
     return json.loads(raw)
 
 
+def _shown(name: str) -> str:
+    """A name from the body (an unknown field) as an error may repeat it: escaped where it holds
+    a lone surrogate, which no JSON answer can encode, and cut short."""
+    if not name.isascii() and checks.lone_surrogate(name):
+        name = name.encode("utf-8", "backslashreplace").decode("utf-8")
+    return name if len(name) <= 256 else name[:255] + "…"
+
+
 def _check_string(value: str, limit: int, index: int | None, field: str) -> None:
-    if "\x00" in value:
-        raise WireError("NUL character in string", index, field)
-    if len(value) > limit:
-        raise WireError(f"string longer than {limit} characters", index, field)
+    problem = checks.string_problem(value, limit)
+    if problem is not None:
+        raise WireError(problem, index, field)
 
 
-def _check_json_value(value: Any, index: int, field: str, depth: int = 0) -> None:
-    if depth > 16:
-        raise WireError("JSON nested too deeply", index, field)
-    if isinstance(value, str):
-        _check_string(value, MAX_MESSAGE, index, field)
-    elif isinstance(value, float):
-        if not math.isfinite(value):
-            raise WireError("NaN or Infinity", index, field)
-    elif isinstance(value, Mapping):
-        for key, item in value.items():
-            _check_string(str(key), MAX_STRING, index, field)
-            _check_json_value(item, index, field, depth + 1)
-    elif isinstance(value, list):
+@dataclass(frozen=True)
+class _Rule:
+    """One field as the general (slow) path checks it, precomputed from its declaration."""
+
+    kind: str
+    """Its spec without the ``"?"``; a list's items have the item's kind."""
+    limit: int
+    """Characters, for strings."""
+    bounds: Range
+    """For ints and floats (and lists of them)."""
+    content: Callable[[Any], str | None] | None
+    is_list: bool
+
+
+_CONTENT_CHECKS: Final[dict[str, Callable[[Any], str | None]]] = {
+    "object": checks.object_problem,
+    "hints": checks.hints_problem,
+    "gzip_base64": lambda value: checks.gzip_base64_problem(value, MAX_TRACE_INFLATED),
+}
+_CONTENT_LIMITS: Final = {"gzip_base64": MAX_TRACE_B64}
+
+
+def _rule(spec: str, bounds: Range | None, content: str | None) -> _Rule:
+    base = spec.rstrip("?")
+    kind = base.removesuffix("_list")
+    if content is not None and content not in _CONTENT_CHECKS:
+        raise TypeError(f"no check for Content({content!r})")
+    limit = _CONTENT_LIMITS.get(content or "", MAX_STRING if kind == "str" else MAX_MESSAGE)
+    return _Rule(kind, limit, bounds or Int64, _CONTENT_CHECKS[content] if content else None, base != kind)
+
+
+def _check_field(value: Any, rule: _Rule, index: int, field: str) -> None:
+    if rule.is_list:
+        if not isinstance(value, list) or len(value) > 4096:
+            raise WireError("expected a list", index, field)
+        item_rule = replace(rule, is_list=False)
         for item in value:
-            _check_json_value(item, index, field, depth + 1)
-
-
-def _check_field(value: Any, spec: str, index: int, field: str) -> None:
-    kind = spec.rstrip("?")
-    if value is None:
-        if not spec.endswith("?"):
-            raise WireError("required field is null", index, field)
+            if item is None:
+                raise WireError("null in a list", index, field)
+            _check_field(item, item_rule, index, field)
         return
+    kind = rule.kind
+    problem: str | None = None
     if kind in ("str", "text"):
         if not isinstance(value, str):
             raise WireError("expected a string", index, field)
-        limit = MAX_STRING if kind == "str" else MAX_MESSAGE
-        if field == "trace_gz_b64":
-            limit = MAX_TRACE_B64
-        _check_string(value, limit, index, field)
+        problem = checks.string_problem(value, rule.limit)
     elif kind == "int":
         if isinstance(value, bool) or not isinstance(value, int):
             raise WireError("expected an integer", index, field)
-        if not -(2**63) <= value < 2**63:
-            raise WireError("integer out of range", index, field)
+        problem = checks.integer_problem(value, rule.bounds)
     elif kind == "float":
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise WireError("expected a number", index, field)
-        if not math.isfinite(value):
-            raise WireError("NaN or Infinity", index, field)
+        problem = checks.number_problem(value, rule.bounds)
     elif kind == "bool":
         if not isinstance(value, bool):
             raise WireError("expected true or false", index, field)
-    elif kind in ("str_list", "int_list"):
-        if not isinstance(value, list) or len(value) > 4096:
-            raise WireError("expected a list", index, field)
-        for item in value:
-            _check_field(item, kind.removesuffix("_list"), index, field)
     elif kind == "json":
-        _check_json_value(value, index, field)
+        problem = checks.json_problem(value, MAX_JSON_DEPTH, MAX_MESSAGE, MAX_STRING)
+    if problem is None and rule.content is not None:
+        problem = rule.content(value)
+    if problem is not None:
+        raise WireError(problem, index, field)
 
 
-_FAST_TYPES: Final[dict[str, tuple[type, ...]]] = {"float": (float, int), "int": (int,), "str": (str,), "bool": (bool,)}
+_FAST_TYPES: Final[dict[str, tuple[type, ...]]] = {
+    "float": (float, int), "int": (int,), "str": (str,), "text": (str,), "bool": (bool,)
+}
+_CONTENTS: Final = {kind: {**wire_contents(Common), **wire_contents(shape)} for kind, shape in RECORDS.items()}
+
+
+def _fast_entry(kind: str, name: str, spec: str) -> tuple[str, bool, tuple[type, ...], float, float, _Rule]:
+    """A field as the fast path reads it: its name, whether it may be null, the types the fast
+    path decides (none for a field whose content needs a check), the most and least a number
+    may be (the characters a string may have, as ``hi``), and the general path's rule."""
+    content = _CONTENTS[kind].get(name)
+    rule = _rule(spec, RANGES[kind].get(name), content)
+    fast_types = () if content else _FAST_TYPES.get(spec.rstrip("?"), ())
+    lo, hi = (0, rule.limit) if rule.kind in ("str", "text") else (rule.bounds.lo, rule.bounds.hi)
+    return name, spec.endswith("?"), fast_types, lo, hi, rule
+
+
 _FIELD_SPECS: Final = {
-    kind: tuple(
-        (name, spec.rstrip("?"), spec.endswith("?"), _FAST_TYPES.get(spec.rstrip("?"), ()))
-        for name, spec in (*_COMMON.items(), *fields.items())
-    )
+    kind: tuple(_fast_entry(kind, name, spec) for name, spec in (*_COMMON.items(), *fields.items()))
     for kind, fields in FIELDS.items()
 }
 _ALLOWED: Final = {kind: frozenset(fields) | frozenset(_COMMON) for kind, fields in FIELDS.items()}
-_INT64: Final = range(-(2**63), 2**63)
-
-
-def _plainly_valid(value: Any, value_type: type) -> bool:
-    """The common cases, decided without the general path (which gives the error message)."""
-    if value_type is float:
-        return math.isfinite(value)
-    if value_type is int:
-        return value in _INT64
-    if value_type is str:
-        return len(value) <= MAX_STRING and "\x00" not in value
-    return True
 
 
 def validate_record(record: Any, index: int, now: int | None = None) -> dict[str, Any]:
@@ -232,21 +239,36 @@ def validate_record(record: Any, index: int, now: int | None = None) -> dict[str
         raise WireError(f"unknown kind {kind!r}", index, "kind")
     if not record.keys() <= _ALLOWED[kind]:
         unknown = sorted(set(record) - _ALLOWED[kind])[0]
-        raise WireError(f"unknown field for kind {kind}", index, unknown)
-    for name, field_kind, optional, fast_types in _FIELD_SPECS[kind]:
+        raise WireError(f"unknown field for kind {kind}", index, _shown(unknown))
+    for name, optional, fast_types, lo, hi, rule in _FIELD_SPECS[kind]:
         value = record.get(name)
         if value is None:
             if not optional:
                 raise WireError("required field is missing", index, name)
             continue
+        # The common values are decided here, inline (a call per field would cost more than the
+        # test); anything else, the general path checks and names the problem of.
         value_type = type(value)
-        if value_type not in fast_types or not _plainly_valid(value, value_type):
-            _check_field(value, field_kind, index, name)
+        if value_type in fast_types:
+            if value_type is str:
+                if len(value) <= hi and "\x00" not in value and (value.isascii() or not checks.lone_surrogate(value)):
+                    continue
+            elif value_type is bool or lo <= value <= hi:  # NaN compares false: the general path
+                continue
+        _check_field(value, rule, index, name)
     if not record["job"]:
         raise WireError("empty job id", index, "job")
     now = now if now is not None else now_us()
-    if not MIN_TS_US <= record["ts"] <= now + FUTURE_SLACK_US:
+    ts = record["ts"]
+    if not MIN_TS_US <= ts <= now + FUTURE_SLACK_US:
         raise WireError("timestamp out of range (expects microseconds since the epoch)", index, "ts")
+    if ts < now - MAX_RECORD_AGE_DAYS * _DAY_US:
+        raise WireError(
+            f"older than {MAX_RECORD_AGE_DAYS} days: the collector takes late records (a spool replayed "
+            f"after an outage) up to {MAX_RECORD_AGE_DAYS} days old and keeps no partitions further back for them",
+            index,
+            "ts",
+        )
     return record
 
 
@@ -257,6 +279,9 @@ def decode_batch(body: bytes, now: int | None = None, loads: Callable[[bytes], A
     library's (the agent side must not depend on one)."""
     try:
         envelope = loads(body)
+    except RecursionError as exc:
+        # The standard library's parser recurses once per nested list or object.
+        raise WireError("body is not valid JSON: nested too deeply") from exc
     except (ValueError, UnicodeDecodeError) as exc:
         raise WireError(f"body is not valid JSON: {exc}") from exc
     if not isinstance(envelope, dict):
@@ -264,7 +289,7 @@ def decode_batch(body: bytes, now: int | None = None, loads: Callable[[bytes], A
     allowed = {"v", "source", "seq", "sent_at", "cluster", "records"}
     for name in envelope:
         if name not in allowed:
-            raise WireError("unknown envelope field", None, name)
+            raise WireError("unknown envelope field", None, _shown(name))
     if envelope.get("v") != VERSION:
         raise WireError(f"unsupported protocol version (this collector speaks {VERSION})", None, "v")
     source = envelope.get("source")
@@ -275,8 +300,11 @@ def decode_batch(body: bytes, now: int | None = None, loads: Callable[[bytes], A
     if isinstance(seq, bool) or not isinstance(seq, int) or not 0 <= seq < 2**63:
         raise WireError("expected a non-negative integer", None, "seq")
     sent_at = envelope.get("sent_at", 0.0)
-    if isinstance(sent_at, bool) or not isinstance(sent_at, (int, float)) or not math.isfinite(sent_at):
+    if isinstance(sent_at, bool) or not isinstance(sent_at, (int, float)):
         raise WireError("expected a number", None, "sent_at")
+    problem = checks.number_problem(sent_at, FINITE)  # 10**400 is an int no float holds
+    if problem is not None:
+        raise WireError(problem, None, "sent_at")
     cluster = envelope.get("cluster", "default")
     if not isinstance(cluster, str) or not cluster:
         raise WireError("expected a non-empty string", None, "cluster")
@@ -288,4 +316,12 @@ def decode_batch(body: bytes, now: int | None = None, loads: Callable[[bytes], A
         raise WireError(f"more than {MAX_RECORDS} records in one batch", None, "records")
     now = now if now is not None else now_us()
     checked = [validate_record(record, index, now) for index, record in enumerate(records)]
+    days = {record["ts"] // _DAY_US for record in checked}
+    if len(days) > MAX_BATCH_DAYS:
+        raise WireError(
+            f"records on {len(days)} different UTC days: at most {MAX_BATCH_DAYS} in one batch (each day is a "
+            "partition the collector may have to create; send records of other days in batches of their own)",
+            None,
+            "records",
+        )
     return Batch(source, seq, float(sent_at), cluster, checked)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 
 from jobsight.protocol import wire
 from jobsight.protocol.json_safe import MAX_DEPTH, MAX_ITEMS, MAX_REPR, clip, json_safe
@@ -36,3 +37,24 @@ def test_caps_on_depth_items_strings_and_keys() -> None:
     # What comes out validates as a record's JSON field.
     record = {"kind": "log", "job": "j", "ts": wire.now_us(), "level": "INFO", "message": "m", "attrs": made}
     wire.validate_record(json.loads(json.dumps(record, allow_nan=False)), 0)
+
+
+def test_lone_surrogates_become_escapes_the_wire_takes() -> None:
+    """A file name that is not UTF-8 reaches Python as a lone surrogate (os.fsdecode); the
+    collector refuses those, so clip (and json_safe, keys included) writes them out."""
+    name = os.fsdecode(b"data-\xff.bin")
+    assert name == "data-\udcff.bin"
+    assert clip(name, 100) == "data-\\xff.bin"
+    assert clip("a\ud800b é", 100) == "a\\ud800b é"  # not an escaped byte: its own escape
+    assert clip("données", 100) == "données"
+    made = json_safe({name: [name, {"k\udcfe": "\ud800"}]})
+    assert made == {"data-\\xff.bin": ["data-\\xff.bin", {"k\\xfe": "\\ud800"}]}
+    record = {"kind": "log", "job": "j", "ts": wire.now_us(), "level": "INFO", "message": clip(name, 100),
+              "attrs": made}
+    wire.validate_record(json.loads(json.dumps(record)), 0)
+
+
+def test_clip_cuts_after_escaping_and_can_keep_the_end() -> None:
+    escaped = clip("\udcff" * 10, 12)  # each becomes 4 characters: the cut comes after
+    assert len(escaped) == 12 and escaped.endswith("…") and "\udcff" not in escaped
+    assert clip("Traceback ... ValueError: boom", 17, tail=True) == "…ValueError: boom"

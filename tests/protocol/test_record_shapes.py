@@ -4,7 +4,8 @@
 (collector/schema.py, which the migrations are checked against) cannot be: they are tied to
 it here. A wire field with no column, a column no wire field fills, or a column whose type
 or nullability does not fit its field fails :func:`test_tables_hold_what_the_wire_carries`,
-unless :data:`STORAGE` or :data:`NOT_FROM_RECORDS` names it with the reason.
+unless :data:`STORAGE` or :data:`NOT_FROM_RECORDS` names it with the reason; so does an
+integer field whose declared range (``records.Int2``/``Int4``/``Int8``) is not its column's.
 """
 
 from __future__ import annotations
@@ -16,14 +17,27 @@ from dataclasses import dataclass, field
 from typing import Annotated, Any
 
 import pytest
-from sqlalchemy import ARRAY, Boolean, Column, Float, Integer, Text
+from sqlalchemy import ARRAY, BigInteger, Boolean, Column, Float, Integer, SmallInteger, Text
 from sqlalchemy.dialects.postgresql import JSONB
 
 from jobsight.agent.node.gpu_reading import GpuReading
 from jobsight.collector import schema
 from jobsight.collector.ingest import _SERIES_TABLES
-from jobsight.protocol import wire
-from jobsight.protocol.records import RECORDS, Common, GpuSample, Json, WireSpec
+from jobsight.protocol import specs, wire
+from jobsight.protocol.records import (
+    RECORDS,
+    Common,
+    GpuSample,
+    Int2,
+    Int4,
+    Int16,
+    Int32,
+    Int64,
+    Json,
+    Percent,
+    Range,
+    WireSpec,
+)
 from jobsight.protocol.records import Text as LongText
 
 ENVELOPE = "the batch envelope's cluster, not a record field"
@@ -118,21 +132,33 @@ COLUMN_TYPES: dict[str, type[Any]] = {
     "int_list": ARRAY,
 }
 LIST_ITEMS: dict[str, type[Any]] = {"str_list": Text, "int_list": Integer}
+# What each PostgreSQL integer column holds (exact types: SmallInteger and BigInteger are
+# subclasses of Integer).
+COLUMN_RANGES: dict[type[Any], Range] = {SmallInteger: Int16, Integer: Int32, BigInteger: Int64}
 
 Fields = Mapping[str, Mapping[str, str]]
+Ranges = Mapping[str, Mapping[str, Range]]
 Tables = Mapping[str, Mapping[str, Column[Any]]]
 
 
 def wire_records() -> dict[str, dict[str, str]]:
     """Every kind's fields as the validator sees them: the common fields, then the kind's own."""
-    return {kind: {**wire.wire_fields(Common), **fields} for kind, fields in wire.FIELDS.items()}
+    return {kind: {**specs.wire_fields(Common), **fields} for kind, fields in wire.FIELDS.items()}
+
+
+def column_range(column: Column[Any]) -> Range | None:
+    """The values an integer column (or an array of them) holds; ``None`` for other columns."""
+    column_type = column.type.item_type if isinstance(column.type, ARRAY) else column.type
+    return COLUMN_RANGES.get(type(column_type))
 
 
 def schema_tables() -> dict[str, dict[str, Column[Any]]]:
     return {table.name: {c.name: c for c in table.columns} for table in schema.metadata.sorted_tables}
 
 
-def _column_problem(where: str, spec: str, column: Column[Any], row_per_record: bool) -> str | None:
+def _column_problem(
+    where: str, spec: str, declared: Range | None, column: Column[Any], row_per_record: bool
+) -> str | None:
     base = spec.rstrip("?")
     if not isinstance(column.type, COLUMN_TYPES[base]):
         return f"{where}: a {spec!r} field, but the column is {column.type!r}"
@@ -141,12 +167,20 @@ def _column_problem(where: str, spec: str, column: Column[Any], row_per_record: 
     if row_per_record and column.nullable != spec.endswith("?"):
         wanted = "nullable" if spec.endswith("?") else "NOT NULL"
         return f"{where}: a {spec!r} field, but the column is not {wanted}"
+    held = column_range(column)
+    if base in ("int", "int_list") and declared != held:
+        return f"{where}: declared {_span(declared)}, but the column is {column.type!r} ({_span(held)})"
     return None
+
+
+def _span(bounds: Range | None) -> str:
+    return f"{bounds.lo}..{bounds.hi}" if bounds is not None else "no range"
 
 
 def shape_problems(
     records: Fields,
     tables: Tables,
+    ranges: Ranges = wire.RANGES,
     storage: Mapping[str, Storage] = STORAGE,
     not_from_records: Mapping[str, Mapping[str, str]] = NOT_FROM_RECORDS,
     other_tables: Mapping[str, str] = OTHER_TABLES,
@@ -172,8 +206,8 @@ def shape_problems(
                 continue
             filled[where.table].add(column_name)
             if name not in CONVERTED:
-                problem = _column_problem(f"{kind}.{name} -> {where.table}.{column_name}", spec, column,
-                                          where.row_per_record)
+                problem = _column_problem(f"{kind}.{name} -> {where.table}.{column_name}", spec,
+                                          ranges[kind].get(name), column, where.row_per_record)
                 if problem is not None:
                     problems.append(problem)
     for table, columns in tables.items():
@@ -221,6 +255,19 @@ def test_the_check_sees_drift() -> None:
         "metric.step -> metrics.step: a 'int' field, but the column is not NOT NULL"
     ]
 
+    ranges = wire.RANGES
+    wider = {**ranges, "gpu_sample": {**ranges["gpu_sample"], "gpu_index": Int32}}
+    assert shape_problems(records, tables, wider) == [
+        "gpu_sample.gpu_index -> gpu_samples.gpu_index: declared -2147483648..2147483647, but the column is "
+        "SmallInteger() (-32768..32767)"
+    ]
+
+    narrower_column = {**tables, "log_events": {**tables["log_events"], "tid": Column("tid", Integer)}}
+    assert shape_problems(records, narrower_column) == [
+        "log.tid -> log_events.tid: declared -9223372036854775808..9223372036854775807, but the column is "
+        "Integer() (-2147483648..2147483647)"
+    ]
+
     new_kind = {**records, "energy": {**records["dropped"]}}
     assert shape_problems(new_kind, tables) == ["energy: a record kind with no table in STORAGE"]
 
@@ -228,6 +275,27 @@ def test_the_check_sees_drift() -> None:
     assert shape_problems(records, new_table) == [
         "energy: a table that no record kind fills and OTHER_TABLES does not name"
     ]
+
+
+def test_the_rollup_holds_what_gpu_samples_carry() -> None:
+    """gpu_minutes (not a table records map onto) repeats gpu_samples' key columns: each
+    integer among them must hold what the gpu_sample field's declared range lets through."""
+    minutes = {c.name: c for c in schema.gpu_minutes.columns}
+    shared = [name for name in wire.RANGES["gpu_sample"] if name in minutes and name not in CONVERTED]
+    assert shared == ["gpu_index"]
+    for name in shared:
+        assert column_range(minutes[name]) == wire.RANGES["gpu_sample"][name], name
+
+
+def test_the_integer_ranges_are_the_columns() -> None:
+    """Spelled out for the fields the issue named: a value the validator takes fits its column."""
+    assert wire.RANGES["gpu_sample"]["gpu_index"] == Int16
+    assert wire.RANGES["job_started"]["uid"] == Int32
+    for kind in ("log", "metric", "step", "profile"):
+        assert (wire.RANGES[kind]["rank"], wire.RANGES[kind]["pid"]) == (Int32, Int32), kind
+    for kind in ("log", "metric", "step"):
+        assert wire.RANGES[kind]["tid"] == Int64, kind  # bigint in every table
+    assert (wire.RANGES["step"]["samples"], wire.RANGES["gpu_sample"]["sm_clock_mhz"]) == (Int32, Int32)
 
 
 def test_series_kinds_go_where_ingest_sends_them() -> None:
@@ -242,7 +310,7 @@ def test_derived_fields() -> None:
     assert wire.KINDS == tuple(RECORDS) == (
         "gpu_sample", "host_sample", "log", "metric", "step", "profile", "job_started", "job_ended", "dropped",
     )
-    assert wire.wire_fields(Common) == {"kind": "str", "job": "str", "ts": "int", "node": "str?"}
+    assert specs.wire_fields(Common) == {"kind": "str", "job": "str", "ts": "int", "node": "str?"}
     gpu = wire.FIELDS["gpu_sample"]
     assert list(gpu)[:4] == ["gpu_index", "gpu_uuid", "gpu_name", "mig_uuid"]
     assert (gpu["gpu_index"], gpu["gpu_uuid"], gpu["util_gpu"], gpu["mem_used"], gpu["lost"]) == (
@@ -282,24 +350,42 @@ def test_the_validator_follows_the_declaration() -> None:
         (list[str] | None, "str_list?"),
         (list[int], "int_list"),
         (Annotated[str, "not a WireSpec", WireSpec("text")], "text"),
+        (Int2, "int"),
+        (Int4 | None, "int?"),
+        (Percent | None, "float?"),
     ],
 )
 def test_spec_of(hint: Any, spec: str) -> None:
-    assert wire.spec_of(hint) == spec
+    assert specs.spec_of(hint) == spec
 
 
-@pytest.mark.parametrize("hint", [int | str, int | str | None, dict[str, int], list[float], bytes, Annotated[str, 1]])
+@pytest.mark.parametrize(
+    "hint",
+    [
+        int | str, int | str | None, dict[str, int], list[float], bytes, Annotated[str, 1],
+        Annotated[str, Int32], Annotated[int, Int32, Int16], Annotated[int, Int32, WireSpec("text")],
+    ],
+)
 def test_spec_of_refuses_what_the_validator_cannot_check(hint: Any) -> None:
     with pytest.raises(TypeError):
-        wire.spec_of(hint)
+        specs.spec_of(hint)
+
+
+@pytest.mark.parametrize(
+    ("hint", "bounds"),
+    [(Int2, Int16), (Int4 | None, Int32), (int, Int64), (Percent | None, Range(0.0, 100.0)),
+     (float, specs.FINITE), (str, None), (Json, None)],
+)
+def test_range_of(hint: Any, bounds: Range | None) -> None:
+    assert specs.range_of(hint) == bounds
 
 
 @pytest.mark.parametrize("shape", [Common, *RECORDS.values()])
 def test_optional_fields_and_only_they_have_defaults(shape: type[Any]) -> None:
-    specs = wire.wire_fields(shape)
+    field_specs = specs.wire_fields(shape)
     for f in dataclasses.fields(shape):
         has_default = f.default is not dataclasses.MISSING
-        assert has_default == specs[f.name].endswith("?"), f"{shape.__name__}.{f.name}"
+        assert has_default == field_specs[f.name].endswith("?"), f"{shape.__name__}.{f.name}"
 
 
 def test_gpu_reading_is_a_gpu_sample_plus_processes() -> None:
