@@ -7,12 +7,14 @@ import threading
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-from fastapi import FastAPI
+from anyio import CapacityLimiter
+from fastapi import Depends, FastAPI
 
 from jobsight.collector.auth import Authenticator, ensure_admin_token, load_cluster_secret
 from jobsight.collector.db import autocommit_connection, open_pool
 from jobsight.collector.errors import install_error_handlers
 from jobsight.collector.migrate import schema_is_current
+from jobsight.collector.params import refuse_nul
 from jobsight.collector.partitions import PartitionKeeper
 from jobsight.collector.routes import health, ingest, jobs, profiles, summaries
 from jobsight.collector.settings import CollectorSettings, SettingsError, load_collector_settings
@@ -46,6 +48,8 @@ def create_app(settings: CollectorSettings | None = None) -> FastAPI:
         if not schema_is_current(database_url):
             raise SettingsError("database schema is not current: run `jobsight migrate` first")
         app.state.pool = open_pool(database_url, settings.pool_size)
+        # Made here, inside the event loop that will use it.
+        app.state.decode_slots = CapacityLimiter(settings.max_concurrent_decodes)
         with autocommit_connection(app.state.pool) as conn:
             app.state.partitions.load(conn)
             app.state.partitions.ensure_ahead(conn, settings.partitions_ahead_days)
@@ -58,7 +62,10 @@ def create_app(settings: CollectorSettings | None = None) -> FastAPI:
             stop.set()
             app.state.pool.close()
 
-    app = FastAPI(title="jobsight collector", version="0.1.0", lifespan=lifespan)
+    # refuse_nul: a NUL in any query or path value is a 422 naming it, for every route at once.
+    app = FastAPI(
+        title="jobsight collector", version="0.1.0", lifespan=lifespan, dependencies=[Depends(refuse_nul)]
+    )
     app.state.settings = settings
     app.state.metrics = CollectorMetrics()
     app.state.partitions = PartitionKeeper()

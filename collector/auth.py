@@ -6,18 +6,23 @@ Three kinds of bearer token:
 * **job** (minted by the Slurm prolog with the cluster secret, :mod:`jobsight.protocol.tokens`):
   writes records whose ``job`` is its job, and only into its cluster; reads its own job.
 * **node** (minted by the node daemon and the root hooks with the cluster secret):
-  writes records whose ``node`` (when given) is its node, for jobs registered on its
-  node, and only into its cluster; cannot read. Any record kind: the node daemon and
-  the hooks replay what jobs on the node spooled while the collector was away, and a
-  node's root holds the cluster secret anyway (it mints the job tokens), so limiting
-  kinds would be no boundary; the node binding is. "Registered" is what the
-  collector knows: the job's ``jobs.nodes`` (filled from ``job_started``, which the
-  prolog posts with the node token) contains the node, or a ``job_started`` for that
-  node is in the same batch. A job the collector has not heard of, or whose node
-  list is still empty, is accepted: the prolog's ``job_started`` may sit in a spool
-  while the daemon's samples arrive first after a collector outage, and refusing
-  them would lose the samples for good. A job registered on *other* nodes only is
-  refused (403).
+  writes records whose ``node`` (when given) is its node, for jobs whose Slurm
+  allocation holds its node, and only into its cluster; cannot read. Any record kind:
+  the node daemon and the hooks replay what jobs on the node spooled while the
+  collector was away, and a node's root holds the cluster secret anyway (it mints the
+  job tokens), so limiting kinds would be no boundary; the node binding is.
+
+  The allocation is what the first prolog registered (``jobs.nodes`` of a job with a
+  user, see :func:`jobsight.collector.queries.job_allocations`). Once it is known, every
+  record of the job, ``job_started`` and ``job_ended`` included, needs the token's node
+  in it, and a ``job_started`` may not name nodes outside it: a node cannot add itself
+  (or others) to someone else's job, nor end it. While it is not known (a job the
+  collector has not heard of, or has seen only through other records), records are
+  accepted: the prolog's ``job_started`` may sit in a spool while the daemon's samples,
+  or the epilog's ``job_ended``, arrive first after a collector outage, and refusing
+  them would lose them for good; a ``job_started`` then registers the job, and must
+  name an allocation that holds the token's node (every prolog's does). Refusals are
+  403 naming the record.
 
 Job and node tokens are accepted only when the collector has a cluster secret
 (``JOBSIGHT_SECRET_FILE``, default ``<data_dir>/cluster_secret``); without one they get
@@ -36,7 +41,7 @@ import stat
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from jobsight.protocol.tokens import TokenError, looks_like_token, verify_token
 from jobsight.protocol.wire import Batch
@@ -76,6 +81,24 @@ def ensure_admin_token(path: Path) -> str:
     with os.fdopen(fd, "w", encoding="utf-8") as handle:
         handle.write(token + "\n")
     return token
+
+
+def ensure_cluster_secret(path: Path) -> bool:
+    """Create the cluster secret (mode 0600, 32 random bytes as hex) when ``path`` does not
+    exist; returns whether it was created. An existing file is left as it is, to be judged
+    by :func:`load_cluster_secret` at start-up. The secret is never logged."""
+    if path.exists():
+        return False
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        # O_EXCL: two starts racing must not write two secrets, one of them to tokens already minted.
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        return False
+    with os.fdopen(fd, "w", encoding="utf-8") as handle:
+        handle.write(secrets.token_hex(32) + "\n")
+    log.info("created the cluster secret %s", path)
+    return True
 
 
 def read_secret_file(path: Path, what: str) -> str:
@@ -137,13 +160,13 @@ class Authenticator:
         self,
         principal: Principal,
         batch: Batch,
-        job_nodes: Mapping[str, Sequence[str] | None] | None = None,
+        allocations: Mapping[str, Sequence[str] | None] | None = None,
     ) -> None:
         """Raise :class:`AuthError` (403, naming the record) unless ``principal`` may write
         every record of ``batch``.
 
-        ``job_nodes`` maps each job id of the batch to the nodes the collector has
-        registered for it (``None`` or absent: job unknown or no nodes yet); it is only
+        ``allocations`` maps each job id of the batch to its Slurm allocation as the
+        collector registered it (``None``, empty or absent: not known yet); it is only
         consulted for node tokens (see :func:`batch_jobs_to_check`).
         """
         if principal.kind == "admin":
@@ -158,17 +181,23 @@ class Authenticator:
                                          f"cannot write records of job {record['job']}")
                 _check_job_token_lifecycle(index, record)
             return
-        registering = {
-            r["job"] for r in batch.records if r["kind"] == "job_started" and r.get("node") == principal.node
-        }
+        node = principal.node
+        known = dict(allocations or {})
         for index, record in enumerate(batch.records):
-            if record.get("node") not in (None, principal.node):
-                raise AuthError(403, f"record {index}: the node token of {principal.node} "
+            if record.get("node") not in (None, node):
+                raise AuthError(403, f"record {index}: the node token of {node} "
                                      f"cannot write records of node {record.get('node')}")
             job = record["job"]
-            nodes = (job_nodes or {}).get(job)
-            if nodes and principal.node not in nodes and job not in registering:
-                raise AuthError(403, f"record {index}: job {job} is not registered on node {principal.node}")
+            allocation = known.get(job)
+            if allocation:
+                _check_allocated(index, record, node, allocation)
+            elif record["kind"] == "job_started":
+                named = record.get("nodes") or [record.get("node") or node]
+                if node not in named:
+                    raise AuthError(403, f"record {index}: the node token of {node} cannot register job {job} "
+                                         f"on nodes {', '.join(named)} that do not include it")
+                if record.get("user") is not None:
+                    known[job] = named  # registered from here on, as ingest will store it
 
     def authorize_read(self, principal: Principal, job: str | None = None, cluster: str | None = None) -> None:
         """Raise :class:`AuthError` unless ``principal`` may read ``job`` of ``cluster``
@@ -183,8 +212,22 @@ class Authenticator:
         raise AuthError(403, "a node token cannot read")
 
 
+def _check_allocated(index: int, record: Mapping[str, Any], node: str | None, allocation: Sequence[str]) -> None:
+    """A node token's record of a job whose allocation is known."""
+    job = record["job"]
+    if node not in allocation:
+        what = "end" if record["kind"] == "job_ended" else "write records of"
+        raise AuthError(403, f"record {index}: job {job} is not registered on node {node} "
+                             f"(its allocation is {', '.join(allocation)}), so {node} cannot {what} it")
+    if record["kind"] == "job_started":
+        outside = sorted(set(record.get("nodes") or ()) - set(allocation))
+        if outside:
+            raise AuthError(403, f"record {index}: node {node} cannot add {', '.join(outside)} "
+                                 f"to the allocation of job {job}")
+
+
 def batch_jobs_to_check(principal: Principal, batch: Batch) -> list[str]:
-    """The job ids whose registered nodes :meth:`Authenticator.authorize_batch` needs."""
+    """The job ids whose allocations :meth:`Authenticator.authorize_batch` needs."""
     if principal.kind != "node":
         return []
     return sorted({r["job"] for r in batch.records})

@@ -1,8 +1,9 @@
 """Connections and the one unit-of-work helper (STYLE rule 3).
 
-Routes never catch database errors: :func:`unit_of_work` commits or rolls back,
-and the app's exception handlers map :class:`DatabaseUnavailable` to 503 with
-``Retry-After``.
+Routes never catch database errors: :func:`unit_of_work` commits or rolls back and
+turns the errors a caller can act on into the two below, which the app's exception
+handlers map to HTTP: :class:`DatabaseUnavailable` to 503 with ``Retry-After``,
+:class:`ValueRefused` to 422.
 """
 
 from __future__ import annotations
@@ -22,6 +23,16 @@ Connection = psycopg.Connection[Any]
 
 class DatabaseUnavailable(RuntimeError):
     """The database cannot be reached or is shutting down; the client should retry."""
+
+
+class ValueRefused(ValueError):
+    """PostgreSQL refused a value of the request (a ``DataError``: out of range, NUL in
+    text, a bad time): the request is at fault, and sending it again will not help."""
+
+
+def _first_line(exc: BaseException, fallback: str) -> str:
+    text = str(exc)
+    return text.splitlines()[0] if text else fallback
 
 
 def open_pool(database_url: str, size: int) -> ConnectionPool[Connection]:
@@ -50,7 +61,11 @@ def unit_of_work(pool: ConnectionPool[Connection]) -> Iterator[Connection]:
     except PoolTimeout as exc:
         raise DatabaseUnavailable("no database connection available") from exc
     except psycopg.OperationalError as exc:
-        raise DatabaseUnavailable(str(exc).splitlines()[0] if str(exc) else "database unreachable") from exc
+        raise DatabaseUnavailable(_first_line(exc, "database unreachable")) from exc
+    except psycopg.DataError as exc:
+        # Validation is meant to refuse such values at the door; one that slips through is
+        # still the request's fault, not the server's.
+        raise ValueRefused(_first_line(exc, "value refused")) from exc
 
 
 @contextmanager
@@ -66,4 +81,6 @@ def autocommit_connection(pool: ConnectionPool[Connection]) -> Iterator[Connecti
     except PoolTimeout as exc:
         raise DatabaseUnavailable("no database connection available") from exc
     except psycopg.OperationalError as exc:
-        raise DatabaseUnavailable(str(exc).splitlines()[0] if str(exc) else "database unreachable") from exc
+        raise DatabaseUnavailable(_first_line(exc, "database unreachable")) from exc
+    except psycopg.DataError as exc:
+        raise ValueRefused(_first_line(exc, "value refused")) from exc

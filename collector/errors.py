@@ -9,7 +9,8 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from jobsight.collector.auth import AuthError
-from jobsight.collector.db import DatabaseUnavailable
+from jobsight.collector.db import DatabaseUnavailable, ValueRefused
+from jobsight.collector.traces import TraceUnreadable
 from jobsight.protocol.wire import WireError
 
 log = logging.getLogger("jobsight.collector")
@@ -27,6 +28,11 @@ class BodyTooLarge(ValueError):
 
 class NotFound(LookupError):
     """The job or object asked for does not exist: 404."""
+
+
+def _request_id() -> str:
+    """A short id that ties an answer to its log line."""
+    return uuid.uuid4().hex[:12]
 
 
 def _reject(request: Request, reason: str) -> None:
@@ -71,9 +77,27 @@ def install_error_handlers(app: FastAPI) -> None:
             headers={"Retry-After": str(RETRY_AFTER_S)},
         )
 
+    @app.exception_handler(ValueRefused)
+    async def value_refused(request: Request, exc: ValueRefused) -> JSONResponse:
+        # A body (or parameter) validation could not judge up front: the client's fault, but
+        # worth a look, since validation should have refused it with the record and field.
+        _reject(request, "value_refused")
+        request_id = _request_id()
+        log.warning("request %s (%s %s): the database refused a value: %s",
+                    request_id, request.method, request.url.path, exc)
+        error = f"a value is out of range for the database: {exc}"
+        return JSONResponse(
+            status_code=422,
+            content={"detail": {"error": error, "record": None, "field": None, "request_id": request_id}},
+        )
+
+    @app.exception_handler(TraceUnreadable)
+    async def trace_unreadable(request: Request, exc: TraceUnreadable) -> JSONResponse:
+        return JSONResponse(status_code=422, content={"detail": {"error": str(exc)}})
+
     @app.exception_handler(Exception)
     async def unexpected(request: Request, exc: Exception) -> JSONResponse:
-        request_id = uuid.uuid4().hex[:12]
+        request_id = _request_id()
         log.exception("request %s failed", request_id)
         return JSONResponse(
             status_code=500, content={"detail": {"error": "internal error", "request_id": request_id}}

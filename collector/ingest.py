@@ -203,6 +203,9 @@ def _upsert_jobs_seen(conn: Connection, cluster: str, seen: dict[str, dt.datetim
 
 
 def _job_started(conn: Connection, cluster: str, r: dict[str, Any]) -> None:
+    """Merge a ``job_started`` into the job's row. Once a prolog registered the job (a record with
+    ``user``, which job tokens cannot set), ``nodes`` is its Slurm allocation, which node tokens
+    are authorised against (``queries.job_allocations``): run metadata no longer widens it."""
     nodes = r.get("nodes") or ([r["node"]] if r.get("node") else None)
     conn.execute(
         """UPDATE jobs SET user_name = coalesce(%(user)s, user_name), uid = coalesce(%(uid)s, uid),
@@ -210,8 +213,16 @@ def _job_started(conn: Connection, cluster: str, r: dict[str, Any]) -> None:
                name = coalesce(%(name)s, name), node_count = coalesce(%(node_count)s, node_count),
                time_limit_s = coalesce(%(time_limit_s)s, time_limit_s), demo = demo OR %(demo)s,
                attrs = coalesce(attrs, '{}'::jsonb) || coalesce(%(attrs)s, '{}'::jsonb),
-               nodes = (SELECT array_agg(DISTINCT n ORDER BY n)
-                        FROM unnest(coalesce(nodes, '{}') || %(nodes)s::text[]) n),
+               nodes = CASE
+                   WHEN cardinality(%(nodes)s::text[]) = 0 THEN nodes
+                   -- the first registration: its allocation replaces the nodes seen so far
+                   WHEN user_name IS NULL AND %(user)s::text IS NOT NULL
+                       THEN (SELECT array_agg(DISTINCT n ORDER BY n) FROM unnest(%(nodes)s::text[]) n)
+                   -- another node's prolog (the same list), or nodes seen before any registration
+                   WHEN user_name IS NULL OR %(user)s::text IS NOT NULL
+                       THEN (SELECT array_agg(DISTINCT n ORDER BY n)
+                             FROM unnest(coalesce(nodes, '{}') || %(nodes)s::text[]) n)
+                   ELSE nodes END,  -- run metadata on a registered job: the allocation stays
                gpus = (SELECT array_agg(DISTINCT g ORDER BY g)
                        FROM unnest(coalesce(gpus, '{}') || %(gpus)s::text[]) g),
                start_time = CASE

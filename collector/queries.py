@@ -346,14 +346,18 @@ def epoch_starts(conn: Connection, cluster: str, job_id: str) -> list[dict[str, 
     ).fetchall()
 
 
-def job_nodes(conn: Connection, cluster: str, job_ids: list[str]) -> dict[str, list[str] | None]:
-    """The nodes each known job is registered on (``None``: known, no nodes yet); unknown
-    jobs are absent. Used to authorise node tokens."""
+def job_allocations(conn: Connection, cluster: str, job_ids: list[str]) -> dict[str, list[str] | None]:
+    """The Slurm allocation (node list) of each known job, as its first prolog registered it;
+    ``None`` for a job known only from other records, whose allocation is not known yet.
+    Unknown jobs are absent. Used to authorise node tokens."""
+    # A prolog's job_started is what sets user_name (job tokens may not), and it replaces
+    # the nodes seen before it with the allocation (ingest._job_started).
     rows = conn.execute(
-        "SELECT job_id, nodes FROM jobs WHERE cluster = %s AND job_id = ANY(%s)", (cluster, job_ids)
+        """SELECT job_id, CASE WHEN user_name IS NOT NULL THEN nodes END AS nodes
+           FROM jobs WHERE cluster = %s AND job_id = ANY(%s)""",
+        (cluster, job_ids),
     ).fetchall()
     return {r["job_id"]: r["nodes"] for r in rows}
-
 
 
 def recent_train_steps(conn: Connection, cluster: str, job_id: str, *, limit: int = 5000) -> list[dict[str, Any]]:

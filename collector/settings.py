@@ -87,7 +87,12 @@ class CollectorSettings(TomlTableSettings):
     """Cluster secret for job and node tokens; ``None`` means ``<data_dir>/cluster_secret``."""
     cluster: str = "default"
     max_body_bytes: int = Field(16 * 1024 * 1024, gt=0)
+    """An ingest body must be smaller than this on the wire: one of this size or more is 413."""
     max_decompressed_bytes: int = Field(128 * 1024 * 1024, gt=0)
+    """An ingest body must inflate to less than this: one reaching it is 413 (gzip bombs stop here)."""
+    max_concurrent_decodes: int = Field(4, ge=1, le=64)
+    """Ingest bodies inflated, parsed and validated at once (in worker threads), per collector
+    process; more wait their turn, so a burst of large bodies holds at most this many inflated."""
     pool_size: int = Field(8, ge=1, le=256)
     retention_days: int = Field(180, ge=0)
     """Raw time-series partitions older than this are dropped; 0 keeps everything."""

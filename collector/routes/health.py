@@ -18,8 +18,9 @@ router = APIRouter(tags=["health"])
 
 
 @router.get("/healthz")
-def healthz() -> dict[str, str]:
+async def healthz() -> dict[str, str]:
     """The process is up (says nothing about the database)."""
+    # Async: answered on the event loop itself, never queued behind busy worker threads.
     return {"status": "ok"}
 
 

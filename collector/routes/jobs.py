@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import datetime as dt
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query
@@ -11,11 +10,12 @@ from jobsight.collector import queries
 from jobsight.collector.db import unit_of_work
 from jobsight.collector.deps import Auth, CurrentPrincipal, Pool
 from jobsight.collector.job_access import Cluster, ReadableJob
+from jobsight.collector.params import IsoTime, OffsetQuery, PidQuery, RankQuery, TidQuery
 
 router = APIRouter(prefix="/v1/jobs", tags=["read"])
 
-Start = Annotated[dt.datetime | None, Query(description="ISO 8601; the job's first sample when omitted")]
-End = Annotated[dt.datetime | None, Query(description="ISO 8601; the job's last sample when omitted")]
+Start = Annotated[IsoTime | None, Query(description="ISO 8601; the job's first sample when omitted")]
+End = Annotated[IsoTime | None, Query(description="ISO 8601; the job's last sample when omitted")]
 Points = Annotated[int, Query(ge=1, le=queries.MAX_POINTS, description="most buckets per series")]
 
 
@@ -28,11 +28,11 @@ def list_jobs(
     user: str | None = None,
     state: str | None = None,
     partition: str | None = None,
-    since: dt.datetime | None = None,
-    until: dt.datetime | None = None,
+    since: Annotated[IsoTime | None, Query(description="ISO 8601: jobs still running at or after it")] = None,
+    until: Annotated[IsoTime | None, Query(description="ISO 8601: jobs started at or before it")] = None,
     max_mean_util: Annotated[float | None, Query(ge=0, le=100)] = None,
     limit: Annotated[int, Query(ge=1, le=queries.MAX_PAGE)] = 50,
-    offset: Annotated[int, Query(ge=0)] = 0,
+    offset: OffsetQuery = 0,
 ) -> dict[str, Any]:
     # The list spans every cluster unless one is named, so ``cluster`` is not resolved here.
     auth.authorize_read(principal)
@@ -60,7 +60,7 @@ def get_gpu(job: ReadableJob, pool: Pool, start: Start = None, end: End = None, 
 
 @router.get("/{job_id}/metrics")
 def get_metrics(
-    job: ReadableJob, pool: Pool, name: str | None = None, rank: int | None = None,
+    job: ReadableJob, pool: Pool, name: str | None = None, rank: RankQuery = None,
     start: Start = None, end: End = None, points: Points = 500,
 ) -> dict[str, Any]:
     with unit_of_work(pool) as conn:
@@ -83,15 +83,15 @@ def get_steps(
 def get_logs(
     job: ReadableJob,
     pool: Pool,
-    rank: int | None = None,
-    pid: int | None = None,
-    tid: int | None = None,
+    rank: RankQuery = None,
+    pid: PidQuery = None,
+    tid: TidQuery = None,
     level: Annotated[str | None, Query(description="minimum level, e.g. WARNING")] = None,
     text: Annotated[str | None, Query(max_length=1000)] = None,
     start: Start = None,
     end: End = None,
     limit: Annotated[int, Query(ge=1, le=queries.MAX_PAGE)] = 200,
-    offset: Annotated[int, Query(ge=0)] = 0,
+    offset: OffsetQuery = 0,
 ) -> dict[str, Any]:
     with unit_of_work(pool) as conn:
         rows = queries.log_events(

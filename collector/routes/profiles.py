@@ -10,10 +10,10 @@ picking it up.
 
 from __future__ import annotations
 
-import gzip
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, HTTPException, Query, Response
+from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, Field
 
 from jobsight.collector import profile_queries, queries
@@ -21,6 +21,8 @@ from jobsight.collector.db import unit_of_work
 from jobsight.collector.deps import Auth, CurrentPrincipal, Pool
 from jobsight.collector.errors import NotFound
 from jobsight.collector.job_access import AuthorizedJob, ReadableJob, ResolvedCluster
+from jobsight.collector.params import INT4_MAX, CleanStr, ProfileRowId, RequestId
+from jobsight.collector.traces import inflated_chunks, inflated_size
 from jobsight.protocol.diagnosis import diagnose
 
 router = APIRouter(tags=["profiles"])
@@ -37,13 +39,15 @@ _TRANSITIONS = {
 
 class ProfileRequestIn(BaseModel):
     steps: int = Field(5, ge=1, le=profile_queries.MAX_REQUEST_STEPS, description="steps to profile")
-    ranks: list[Annotated[int, Field(ge=0)]] | None = Field(None, max_length=4096, description="None: every rank")
+    ranks: list[Annotated[int, Field(ge=0, le=INT4_MAX)]] | None = Field(
+        None, max_length=4096, description="None: every rank"
+    )
 
 
 class StateIn(BaseModel):
     state: Literal["running", "done", "failed"]
-    reason: str | None = Field(None, max_length=2000)
-    profile_id: str | None = Field(None, max_length=200)
+    reason: CleanStr | None = Field(None, max_length=2000)
+    profile_id: CleanStr | None = Field(None, max_length=200)
 
 
 @router.post("/v1/jobs/{job_id}/profile-requests", status_code=201)
@@ -73,7 +77,7 @@ def list_profile_requests(
 @router.get("/v1/directives")
 def get_directives(
     pool: Pool, principal: CurrentPrincipal, auth: Auth, cluster: ResolvedCluster,
-    job: Annotated[str, Query(max_length=256)], rank: Annotated[int | None, Query(ge=0)] = None,
+    job: Annotated[str, Query(max_length=256)], rank: Annotated[int | None, Query(ge=0, le=INT4_MAX)] = None,
 ) -> dict[str, Any]:
     """What an agent should do now: open profile requests addressed to ``rank`` (one indexed query)."""
     # The job is a query parameter here, not the path's, so ReadableJob does not apply;
@@ -86,7 +90,7 @@ def get_directives(
 
 @router.post("/v1/profile-requests/{request_id}/state")
 def set_request_state(
-    request_id: int, body: StateIn, pool: Pool, principal: CurrentPrincipal, auth: Auth
+    request_id: RequestId, body: StateIn, pool: Pool, principal: CurrentPrincipal, auth: Auth
 ) -> dict[str, Any]:
     """An agent's report: ``running`` when its window starts, ``failed`` with a reason.
     Moving backwards is refused (409); repeating the current state is a no-op."""
@@ -118,7 +122,7 @@ def list_profiles(
 
 @router.get("/v1/jobs/{job_id}/profiles/{profile_row_id}/trace")
 def download_trace(
-    profile_row_id: int, job: AuthorizedJob, pool: Pool,
+    profile_row_id: ProfileRowId, job: AuthorizedJob, pool: Pool,
     format: Annotated[Literal["gz", "json"], Query(description="gz: .pt.trace.json.gz as stored; json: plain")] = "gz",
 ) -> Response:
     """The Chrome/Kineto trace, as a file Perfetto, TensorBoard (profile plugin) and
@@ -132,9 +136,12 @@ def download_trace(
     stem = f"{job.job_id}.rank{trace.rank if trace.rank is not None else 0}.{trace.profile_id}.pt.trace.json"
     stem = "".join(c if c.isalnum() or c in "-_." else "_" for c in stem)
     if format == "json":
-        return Response(
-            gzip.decompress(trace.trace_gz), media_type="application/json",
-            headers={"Content-Disposition": f'attachment; filename="{stem}"'},
+        # Measured first, in bounded chunks: a trace that is broken or inflates past the cap
+        # is a 422 (TraceUnreadable) before any byte goes out; then streamed chunk by chunk.
+        size = inflated_size(trace.trace_gz)
+        return StreamingResponse(
+            inflated_chunks(trace.trace_gz), media_type="application/json",
+            headers={"Content-Disposition": f'attachment; filename="{stem}"', "Content-Length": str(size)},
         )
     disposition = f'attachment; filename="{stem}.gz"'
     return Response(trace.trace_gz, media_type="application/gzip", headers={"Content-Disposition": disposition})
@@ -151,9 +158,13 @@ def job_diagnosis(job: ReadableJob, pool: Pool) -> dict[str, Any]:
     hints = diagnose(steps=steps, gpu_samples=samples)
     seen = {hint["rule"] for hint in hints}
     for row in latest:
-        for hint in row["diagnosis"] or []:
-            if isinstance(hint, dict) and hint.get("rule") not in seen:
-                seen.add(hint.get("rule"))
+        # Rows stored before ingest checked the diagnosis's shape may hold anything: only a
+        # list of objects naming their rule is hints; anything else is skipped, not a 500.
+        stored = row["diagnosis"] if isinstance(row["diagnosis"], list) else []
+        for hint in stored:
+            rule = hint.get("rule") if isinstance(hint, dict) else None
+            if isinstance(rule, str) and rule not in seen:
+                seen.add(rule)
                 hints.append({**hint, "source": {"profile": row["id"], "rank": row["rank"]}})
     return {
         "job_id": job.job_id, "hints": hints, "steps_considered": len(steps), "gpu_samples_considered": len(samples)

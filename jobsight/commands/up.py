@@ -76,7 +76,7 @@ def _wait_ready(label: str, url: str, child: subprocess.Popen[bytes], timeout: f
 
 def run_up(settings: CollectorSettings, args: argparse.Namespace) -> int:
     from jobsight.collector import migrate
-    from jobsight.collector.auth import ensure_admin_token
+    from jobsight.collector.auth import ensure_admin_token, ensure_cluster_secret
     from jobsight.collector.embedded_db import EmbeddedDatabaseError, EmbeddedPostgres
 
     stack = _Stack()
@@ -100,6 +100,8 @@ def run_up(settings: CollectorSettings, args: argparse.Namespace) -> int:
                 raise CliError(str(exc), code=1) from exc
         migrate.upgrade(database_url)
         ensure_admin_token(settings.resolved_admin_token_file())
+        # A trial install mints job and node tokens too, so it needs the secret they are signed with.
+        ensure_cluster_secret(settings.resolved_secret_file())
         env = {**os.environ, "JOBSIGHT_DATABASE_URL": database_url, "JOBSIGHT_DATA_DIR": str(settings.data_dir)}
         collector_url = f"http://{settings.host}:{settings.port}"
         stack.spawn("collector", [sys.executable, "-m", "jobsight", "collector"], env)

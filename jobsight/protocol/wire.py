@@ -235,8 +235,8 @@ def validate_record(record: Any, index: int, now: int | None = None) -> dict[str
     if not isinstance(record, dict):
         raise WireError("record is not an object", index, None)
     kind = record.get("kind")
-    if kind not in FIELDS:
-        raise WireError(f"unknown kind {kind!r}", index, "kind")
+    if not isinstance(kind, str) or kind not in FIELDS:  # a dict or list is not even hashable
+        raise WireError(f"unknown kind {str(kind)[:100]!r}", index, "kind")
     if not record.keys() <= _ALLOWED[kind]:
         unknown = sorted(set(record) - _ALLOWED[kind])[0]
         raise WireError(f"unknown field for kind {kind}", index, _shown(unknown))

@@ -99,6 +99,9 @@ def test_up_serves_stops_cleanly_and_keeps_data(tmp_path: Path, job_id: str) -> 
             assert page.status == 200
         assert _postgres_processes(data_dir)
         assert oct((data_dir / "admin_token").stat().st_mode & 0o777) == "0o600"
+        # A trial install can mint job tokens: the cluster secret is there, readable by its owner only.
+        assert oct((data_dir / "cluster_secret").stat().st_mode & 0o777) == "0o600"
+        assert len((data_dir / "cluster_secret").read_text().strip()) >= 32
         assert up.interrupt() == 0
     assert _postgres_processes(data_dir) == []
 

@@ -129,3 +129,11 @@ def test_the_json_walker_stops_at_its_depth_whatever_it_is_given() -> None:
     with pytest.raises(WireError) as caught:
         wire.validate_record(_log(attrs={"deep": value}), 3, NOW)
     assert (caught.value.record, caught.value.field, caught.value.message) == (3, "attrs", "JSON nested too deeply")
+
+
+@pytest.mark.parametrize("kind", [{}, [], 3, None, "nope"])
+def test_a_kind_that_is_not_a_known_string_is_refused(kind: object) -> None:
+    """Found by schemathesis: ``"kind": {}`` raised TypeError (unhashable) and the collector said 500."""
+    with pytest.raises(WireError) as caught:
+        wire.validate_record({"kind": kind, "job": "1", "ts": NOW}, 2, NOW)
+    assert (caught.value.record, caught.value.field) == (2, "kind")
