@@ -112,16 +112,7 @@ class Delivery:
                 return True
             if waiting:
                 return False
-        outcome = self.client.post_batch(batch.body)
-        if outcome.kind == RETRY:
-            reason = self.poison.failed(batch, outcome)
-            if reason is None:
-                self.client.back_off(outcome)
-                return self._keep(batch, store)
-            self._quarantine(batch, outcome, reason, store, spooled=False)
-            return True
-        self._finish(batch, outcome, store, spooled=False)
-        return True
+        return self._post(batch, store, spooled=False) or self._keep(batch, store)
 
     def _keep(self, batch: SpooledBatch, store: BatchStore) -> bool:
         if store.append(batch.source, batch.seq, batch.records, batch.body):
@@ -136,16 +127,22 @@ class Delivery:
         batch = store.peek()
         if batch is None:
             return False
+        return self._post(batch, store, spooled=True)
+
+    def _post(self, batch: SpooledBatch, store: BatchStore, *, spooled: bool) -> bool:
+        """Post ``batch`` and act on the answer: ``True`` when it is done with (acknowledged,
+        refused or quarantined), ``False`` when it must wait for another try (backing off)."""
         outcome = self.client.post_batch(batch.body)
         if outcome.kind == RETRY:
             reason = self.poison.failed(batch, outcome)
             if reason is None:
                 self.client.back_off(outcome)
                 return False
-            self._quarantine(batch, outcome, reason, store, spooled=True)
+            self._quarantine(batch, outcome, reason, store, spooled=spooled)
             return True
-        self.stats.replayed_batches += 1
-        self._finish(batch, outcome, store, spooled=True)
+        if spooled:
+            self.stats.replayed_batches += 1
+        self._finish(batch, outcome, store, spooled=spooled)
         return True
 
     def _finish(self, batch: SpooledBatch, outcome: Outcome, store: BatchStore, spooled: bool) -> None:

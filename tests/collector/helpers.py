@@ -12,6 +12,9 @@ from jobsight.protocol.wire import encode_batch, now_us
 
 _seq = itertools.count(1)
 
+SECRET = "test-cluster-secret-0123456789"
+"""The cluster secret of the ``secret_client`` fixture (tests/collector/conftest.py)."""
+
 
 def next_seq() -> int:
     return next(_seq)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -13,26 +12,9 @@ import pytest
 
 from jobsight.protocol.tokens import mint_job_token, mint_node_token
 from jobsight.protocol.wire import encode_batch, now_us
-from tests.collector.helpers import next_seq, post
+from tests.collector.helpers import SECRET, next_seq, post
 
 REPO = Path(__file__).resolve().parents[2]
-SECRET = "test-cluster-secret-0123456789"
-
-
-@pytest.fixture
-def secret_client(database_url: str, data_dir: Path, admin_token: str, tmp_path: Path) -> Iterator[Any]:
-    """The collector in-process with a cluster secret (mode 0600); no default auth header."""
-    from fastapi.testclient import TestClient
-
-    from jobsight.collector.app import create_app
-    from jobsight.collector.settings import load_collector_settings
-
-    secret_file = tmp_path / "cluster_secret"
-    secret_file.write_text(SECRET + "\n")
-    secret_file.chmod(0o600)
-    settings = load_collector_settings(database_url=database_url, data_dir=data_dir, secret_file=secret_file)
-    with TestClient(create_app(settings)) as test_client:
-        yield test_client
 
 
 def bearer(token: str) -> dict[str, str]:

@@ -4,33 +4,13 @@ to it (a prolog's record may still sit in a spool)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import psycopg
-import pytest
 
 from jobsight.protocol.tokens import mint_job_token, mint_node_token
 from jobsight.protocol.wire import encode_batch, now_us
-from tests.collector.helpers import next_seq, post
-
-SECRET = "hardening-cluster-secret-0123456789"
-
-
-@pytest.fixture
-def secret_client(database_url: str, data_dir: Path, admin_token: str, tmp_path: Path) -> Iterator[Any]:
-    from fastapi.testclient import TestClient
-
-    from jobsight.collector.app import create_app
-    from jobsight.collector.settings import load_collector_settings
-
-    secret_file = tmp_path / "cluster_secret"
-    secret_file.write_text(SECRET + "\n")
-    secret_file.chmod(0o600)
-    settings = load_collector_settings(database_url=database_url, data_dir=data_dir, secret_file=secret_file)
-    with TestClient(create_app(settings)) as test_client:
-        yield test_client
+from tests.collector.helpers import SECRET, next_seq, post
 
 
 def send(client: Any, node: str, records: list[dict[str, Any]]) -> Any:
