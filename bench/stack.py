@@ -29,6 +29,17 @@ class Stack:
     secret_file: Path
     """The cluster secret the collector was started with (for job and node tokens)."""
     process: subprocess.Popen[bytes] | None = field(default=None, repr=False)
+    postgres_data: Path | None = None
+    """The embedded server's data directory (its ``postmaster.pid`` names the server's process)."""
+
+    def postgres_pid(self) -> int | None:
+        """The postmaster's pid (its backends are its children), ``None`` when not running."""
+        if self.postgres_data is None:
+            return None
+        try:
+            return int((self.postgres_data / "postmaster.pid").read_text().split()[0])
+        except (OSError, ValueError, IndexError):
+            return None
 
     def stop_collector(self) -> None:
         """Stop the collector, leaving the database up (to time what runs while it is away)."""
@@ -69,7 +80,7 @@ def running_stack(workers: int = 1) -> Iterator[Stack]:
             process = subprocess.Popen([sys.executable, "-m", "jobsight", "collector", "--workers", str(workers)],
                                        env=env, cwd=REPO, stdout=out, stderr=subprocess.STDOUT)
         url = f"http://127.0.0.1:{port}"
-        stack = Stack(database_url, url, "", work, secret, process)
+        stack = Stack(database_url, url, "", work, secret, process, postgres_data=server.data_dir)
         try:
             _wait_ready(url, process, log)
             stack.token = (work / "data" / "admin_token").read_text().strip()

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastapi import APIRouter, Request, Response
+from fastapi import APIRouter, Response
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST
 
 from jobsight.collector import queries
 from jobsight.collector.db import DatabaseUnavailable, unit_of_work
@@ -47,5 +47,7 @@ async def readyz(pool: Pool) -> JSONResponse:
 
 
 @router.get("/metrics")
-def prometheus_metrics(request: Request, metrics: Metrics) -> Response:
-    return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+def prometheus_metrics(metrics: Metrics) -> Response:
+    """The collector's counters; under ``--workers N`` the sum over every worker, whichever answers."""
+    # Sync: in multiprocess mode this reads every worker's files, off the event loop.
+    return Response(metrics.exposition(), media_type=CONTENT_TYPE_LATEST)

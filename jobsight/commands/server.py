@@ -5,16 +5,22 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
 
 from jobsight.cli import CliError
 from jobsight.collector.settings import CollectorSettings, SettingsError, load_collector_settings
+from jobsight.collector.telemetry import MULTIPROC_DIR_ENV, clear_multiprocess_dir
 
 
 def configure_parser(name: str, parser: argparse.ArgumentParser) -> None:
     if name == "collector":
         parser.add_argument("--host", help="listen address (default: JOBSIGHT_HOST or 127.0.0.1)")
         parser.add_argument("--port", type=int, help="listen port (default: JOBSIGHT_PORT or 8787)")
-        parser.add_argument("--workers", type=int, default=1, help="worker processes (one per core scales ingest)")
+        parser.add_argument("--workers", type=int, default=1,
+                            help="worker processes (one per core scales ingest); /metrics sums them all")
     elif name == "migrate":
         parser.add_argument("--check", action="store_true", help="exit 1 if the schema is not current")
         parser.add_argument("--downgrade", metavar="REVISION", help="downgrade to REVISION (e.g. base)")
@@ -59,11 +65,40 @@ def run_migrate(settings: CollectorSettings, args: argparse.Namespace) -> int:
     return 0
 
 
+@contextmanager
+def shared_metrics_dir() -> Iterator[str]:
+    """The directory where every worker keeps its metrics for ``/metrics`` to add up
+    (prometheus_client's multiprocess mode), exported as ``PROMETHEUS_MULTIPROC_DIR``.
+
+    An administrator's ``PROMETHEUS_MULTIPROC_DIR`` is used as it is; otherwise a fresh
+    temporary directory is made, and removed when the collector stops. Either way it holds
+    no value files of an earlier run when the workers start: their counts would be added in.
+    """
+    given = os.environ.get(MULTIPROC_DIR_ENV)
+    if given:
+        try:
+            os.makedirs(given, exist_ok=True)
+            clear_multiprocess_dir(given)
+        except OSError as exc:
+            raise CliError(f"{MULTIPROC_DIR_ENV}={given}: {exc}") from exc
+        yield given
+        return
+    path = tempfile.mkdtemp(prefix="jobsight-metrics-")
+    # Set before uvicorn spawns the workers: each one imports prometheus_client afresh and
+    # reads the variable then.
+    os.environ[MULTIPROC_DIR_ENV] = path
+    try:
+        yield path
+    finally:
+        os.environ.pop(MULTIPROC_DIR_ENV, None)
+        shutil.rmtree(path, ignore_errors=True)
+
+
 def run_collector(settings: CollectorSettings, args: argparse.Namespace) -> int:
     import uvicorn
 
-    from jobsight.collector.app import create_app
-
+    if args.workers < 1:
+        raise CliError(f"--workers: expected at least 1, got {args.workers}")
     if args.host:
         settings = settings.model_copy(update={"host": args.host})
     if args.port:
@@ -72,12 +107,18 @@ def run_collector(settings: CollectorSettings, args: argparse.Namespace) -> int:
     if args.workers > 1:
         # Workers re-read settings from the environment; pass on what the flags changed.
         os.environ["JOBSIGHT_HOST"], os.environ["JOBSIGHT_PORT"] = settings.host, str(settings.port)
-        uvicorn.run("jobsight.collector.app:create_app", factory=True, host=settings.host, port=settings.port,
-                    workers=args.workers, log_level="info", access_log=False)
+        with shared_metrics_dir():
+            uvicorn.run("jobsight.collector.app:create_app", factory=True, host=settings.host, port=settings.port,
+                        workers=args.workers, log_level="info", access_log=False)
         return 0
-    try:
-        app = create_app(settings)
-    except (SettingsError, RuntimeError) as exc:
-        raise CliError(str(exc)) from exc
-    uvicorn.run(app, host=settings.host, port=settings.port, log_level="info", access_log=False)
+    from jobsight.collector.app import create_app
+
+    # One process keeps its metrics in memory, unless an administrator's PROMETHEUS_MULTIPROC_DIR
+    # put prometheus_client in multiprocess mode: then that directory is started clean as well.
+    with shared_metrics_dir() if os.environ.get(MULTIPROC_DIR_ENV) else nullcontext():
+        try:
+            app = create_app(settings)
+        except (SettingsError, RuntimeError) as exc:
+            raise CliError(str(exc)) from exc
+        uvicorn.run(app, host=settings.host, port=settings.port, log_level="info", access_log=False)
     return 0
