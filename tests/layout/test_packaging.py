@@ -81,9 +81,10 @@ def test_agent_extra_install_in_a_fresh_venv(wheel: Path, tmp_path: Path) -> Non
 
 
 SCRIPT = '''
-import agent                      # the user's own agent.py, collector.py and dashboard/
-import collector
-import dashboard
+# The user's own agent.py, collector.py and dashboard/, imported by name as their script would.
+agent = __import__("agent")
+collector = __import__("collector")
+dashboard = __import__("dashboard")
 
 import lightning.pytorch as pl
 import torch
