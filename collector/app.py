@@ -10,6 +10,7 @@ from contextlib import asynccontextmanager
 from anyio import CapacityLimiter
 from fastapi import Depends, FastAPI
 
+from jobsight.collector import compaction
 from jobsight.collector.auth import Authenticator, ensure_admin_token, load_cluster_secret
 from jobsight.collector.db import autocommit_connection, open_pool
 from jobsight.collector.errors import install_error_handlers
@@ -19,6 +20,7 @@ from jobsight.collector.partitions import PartitionKeeper
 from jobsight.collector.routes import health, ingest, jobs, profiles, summaries
 from jobsight.collector.settings import CollectorSettings, SettingsError, load_collector_settings
 from jobsight.collector.telemetry import CollectorMetrics
+from jobsight.collector.tier_settings import TierSettings, load_tier_settings
 
 log = logging.getLogger("jobsight.collector")
 
@@ -35,6 +37,20 @@ def _maintain(app: FastAPI, stop: threading.Event) -> None:
                 app.state.partitions.drop_older_than(conn, settings.retention_days)
         except Exception:  # boundary: maintenance must not kill the collector; next hour retries
             log.exception("partition maintenance failed")
+
+
+def _compact(app: FastAPI, stop: threading.Event) -> None:
+    """Pack the closed days of GPU samples every ``JOBSIGHT_COMPACT_INTERVAL_S``. Every collector
+    process runs this timer; the pass's advisory lock lets one of them do the work at a time."""
+    settings: CollectorSettings = app.state.settings
+    tiers: TierSettings = app.state.tier_settings
+    while not stop.wait(tiers.compact_interval_s):
+        try:
+            with autocommit_connection(app.state.pool) as conn:
+                compaction.run_pass(conn, app.state.partitions, older_than=tiers.older_than(),
+                                    packed_retention_days=tiers.packed_retention(settings.retention_days))
+        except Exception:  # boundary: a failed pass must not kill the collector; the next one retries
+            log.exception("compaction pass failed")
 
 
 def create_app(settings: CollectorSettings | None = None) -> FastAPI:
@@ -56,6 +72,8 @@ def create_app(settings: CollectorSettings | None = None) -> FastAPI:
         stop = threading.Event()
         worker = threading.Thread(target=_maintain, args=(app, stop), name="jobsight-maintenance", daemon=True)
         worker.start()
+        if app.state.tier_settings.compact_interval_s > 0:
+            threading.Thread(target=_compact, args=(app, stop), name="jobsight-compaction", daemon=True).start()
         try:
             yield
         finally:
@@ -67,6 +85,7 @@ def create_app(settings: CollectorSettings | None = None) -> FastAPI:
         title="jobsight collector", version="0.1.0", lifespan=lifespan, dependencies=[Depends(refuse_nul)]
     )
     app.state.settings = settings
+    app.state.tier_settings = load_tier_settings()
     app.state.metrics = CollectorMetrics()
     app.state.partitions = PartitionKeeper()
     # A group- or world-readable secret stops the start here (RuntimeError naming the file).

@@ -1,151 +1,58 @@
-"""Storing one validated batch: idempotent per ``(source, seq)``, one COPY per table.
+"""Storing validated batches, several in one transaction (a group commit).
 
-The batch id goes into ``ingest_batches`` in the same transaction as its rows
-(STYLE rule 4), so a batch is stored completely once or not at all, however
-often the agent retries it.
+Each batch's id ``(source, seq)`` goes into ``ingest_batches`` in the same transaction as
+its rows (STYLE rule 4), so a batch is stored completely once or not at all, however often
+the agent retries it, and whichever group it lands in. A group writes one COPY per table,
+one upsert of the GPU rollup and at most one write per job row, for all its batches; see
+:mod:`jobsight.collector.group_commit` for how groups form and what happens when one fails.
+
+Rows are locked in one order in every group: batch ids, then job rows, then rollup rows,
+each sorted by key, so that concurrent groups (several collector processes) wait for one
+another rather than deadlock.
 """
 
 from __future__ import annotations
 
-import base64
-import binascii
-import datetime as dt
-from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from psycopg.types.json import Jsonb
 
 from jobsight.collector.db import Connection
+from jobsight.collector.ingest_rows import (
+    COPY_SQL,
+    COPY_TYPES,
+    SERIES_TABLES,
+    PreparedBatch,
+    copy_sql,
+    prepare,
+)
+from jobsight.collector.jobs_seen import JobKey, JobsSeen, Span, upsert_jobs
 from jobsight.collector.partitions import PartitionKeeper
-from jobsight.collector.rollup import MinuteRollup, upsert_minutes
-from jobsight.collector.schema import gpu_samples, host_samples, log_events, metrics, steps
+from jobsight.collector.rollup import merged, upsert_minutes
 from jobsight.collector.summaries import refresh_ended
-from jobsight.protocol.wire import Batch, WireError
+from jobsight.collector.timestamps import ts_from_us
+from jobsight.protocol.wire import Batch
 
-EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+# The names other modules (and tests) know this module by.
+__all__ = ["COPY_TYPES", "PreparedBatch", "Written", "copy_sql", "ensure_partitions", "prepare", "store_group",
+           "ts_from_us"]
+_SERIES_TABLES = SERIES_TABLES
 
-# PostgreSQL type names for binary COPY, by SQLAlchemy column type name.
-_PG_TYPES = {
-    "TEXT": "text",
-    "DATETIME": "timestamptz",
-    "SMALLINTEGER": "int2",
-    "INTEGER": "int4",
-    "BIGINTEGER": "int8",
-    "FLOAT": "float8",
-    "DOUBLE": "float8",
-    "BOOLEAN": "bool",
-    "JSONB": "jsonb",
-}
-
-_PLAIN_COLUMNS = {
-    table.name: [c.name for c in table.columns][3:] for table in (gpu_samples, host_samples, log_events, metrics, steps)
-}
-# attrs is the last column of log_events and the only JSON one among the series tables.
-assert [c.name for c in log_events.columns][-1] == "attrs"
-
-_SERIES_TABLES = {
-    "gpu_sample": gpu_samples,
-    "host_sample": host_samples,
-    "log": log_events,
-    "metric": metrics,
-    "step": steps,
-    "dropped": log_events,
-}
-
-
-def _copy_types(table: Any) -> list[str]:
-    return [_PG_TYPES[type(column.type).__name__.upper()] for column in table.columns]
-
-
-def ts_from_us(us: int) -> dt.datetime:
-    return EPOCH + dt.timedelta(microseconds=us)
+Item = tuple[Batch, PreparedBatch]
 
 
 @dataclass
-class PreparedBatch:
-    """A batch turned into table rows, ready to write. Built before any database work so a
-    record that cannot be stored is rejected before anything is written."""
+class Written:
+    """What a group's transaction did, for after it commits."""
 
-    rows: dict[str, list[tuple[Any, ...]]] = field(default_factory=lambda: defaultdict(list))
-    days: dict[str, set[dt.date]] = field(default_factory=lambda: defaultdict(set))
-    jobs_seen: dict[str, dt.datetime] = field(default_factory=dict)
-    job_started: list[dict[str, Any]] = field(default_factory=list)
-    job_ended: list[dict[str, Any]] = field(default_factory=list)
-    profiles: list[dict[str, Any]] = field(default_factory=list)
-    counts: dict[str, int] = field(default_factory=lambda: defaultdict(int))
-    minutes: MinuteRollup = field(default_factory=MinuteRollup)
-
-
-def _row(table: Any, cluster: str, record: dict[str, Any], ts: dt.datetime) -> tuple[Any, ...]:
-    """Values in the table's column order. Series tables start with cluster, job_id, ts."""
-    get = record.get
-    values = [cluster, record["job"], ts, *[get(name) for name in _PLAIN_COLUMNS[table.name]]]
-    if table.name == "log_events":
-        attrs = values[-1]
-        values[-1] = Jsonb(attrs) if attrs is not None else None
-    return tuple(values)
-
-
-def _dropped_as_log(record: dict[str, Any]) -> dict[str, Any]:
-    reason = record.get("reason") or "agent queue or spool full"
-    return {
-        **record,
-        "level": "WARNING",
-        "logger": "jobsight.dropped",
-        "message": f"jobsight agent dropped {record['count']} records: {reason}",
-        "attrs": {"dropped": record["count"], "reason": reason},
-    }
-
-
-def _decode_trace(record: dict[str, Any], index: int) -> bytes | None:
-    blob = record.get("trace_gz_b64")
-    if blob is None:
-        return None
-    try:
-        raw = base64.b64decode(blob, validate=True)
-    except (binascii.Error, ValueError) as exc:
-        raise WireError("not valid base64", index, "trace_gz_b64") from exc
-    if raw[:2] != b"\x1f\x8b":
-        raise WireError("trace is not gzip data", index, "trace_gz_b64")
-    return raw
-
-
-def prepare(batch: Batch) -> PreparedBatch:
-    prepared = PreparedBatch()
-    for index, record in enumerate(batch.records):
-        kind = record["kind"]
-        ts = ts_from_us(record["ts"])
-        job = record["job"]
-        prepared.counts[kind] += 1
-        first = prepared.jobs_seen.get(job)
-        if first is None or ts < first:
-            prepared.jobs_seen[job] = ts
-        if kind in _SERIES_TABLES:
-            table = _SERIES_TABLES[kind]
-            source = _dropped_as_log(record) if kind == "dropped" else record
-            prepared.rows[table.name].append(_row(table, batch.cluster, source, ts))
-            prepared.days[table.name].add(ts.date())
-            if kind == "gpu_sample":
-                prepared.minutes.add(record, ts)
-        elif kind == "job_started":
-            prepared.job_started.append({**record, "ts": ts})
-        elif kind == "job_ended":
-            prepared.job_ended.append({**record, "ts": ts})
-        elif kind == "profile":
-            prepared.profiles.append({**record, "ts": ts, "trace_gz": _decode_trace(record, index)})
-    if prepared.minutes.sums:
-        prepared.days["gpu_minutes"] = prepared.minutes.days()
-    return prepared
-
-
-_TABLES = {t.name: t for t in (gpu_samples, host_samples, log_events, metrics, steps)}
-COPY_TYPES = {name: _copy_types(table) for name, table in _TABLES.items()}
-
-
-def copy_sql(table_name: str) -> str:
-    columns = ", ".join(f'"{c.name}"' for c in _TABLES[table_name].columns)
-    return f"COPY {table_name} ({columns}) FROM STDIN WITH (FORMAT BINARY)"
+    stored: list[bool]
+    """Per batch, in the group's order: stored (``True``) or a replay (``False``)."""
+    spans: dict[JobKey, Span] = field(default_factory=dict)
+    """First and last record time of each job of the stored batches."""
+    jobs: dict[JobKey, Span] = field(default_factory=dict)
+    """The job rows written, and the times written to them."""
 
 
 def ensure_partitions(conn: Connection, keeper: PartitionKeeper, prepared: PreparedBatch) -> None:
@@ -153,53 +60,87 @@ def ensure_partitions(conn: Connection, keeper: PartitionKeeper, prepared: Prepa
         keeper.ensure(conn, table, days)
 
 
-def store(conn: Connection, batch: Batch, prepared: PreparedBatch) -> bool:
-    """Write the batch inside the caller's transaction. Returns ``False`` for a replay,
-    in which case nothing was written."""
+def _claim(conn: Connection, items: Sequence[Item]) -> list[bool]:
+    """Insert the batch ids; which batches are new. A batch id twice in one group is a replay
+    the second time, as it would be in two requests one after the other."""
+    first: dict[tuple[str, int], int] = {}
+    for index, (batch, _) in enumerate(items):
+        first.setdefault((batch.source, batch.seq), index)
+    keys = sorted(first)  # one lock order for every group
     claimed = conn.execute(
         "INSERT INTO ingest_batches (source, seq, cluster, records) "
-        "VALUES (%(source)s, %(seq)s, %(cluster)s, %(records)s) "
-        "ON CONFLICT (source, seq) DO NOTHING RETURNING seq",
-        {"source": batch.source, "seq": batch.seq, "cluster": batch.cluster, "records": len(batch.records)},
-    ).fetchone()
-    if claimed is None:
-        return False
-    _upsert_jobs_seen(conn, batch.cluster, prepared.jobs_seen)
-    for record in prepared.job_started:
-        _job_started(conn, batch.cluster, record)
-    for table_name, rows in prepared.rows.items():
-        with conn.cursor() as cur:
-            with cur.copy(copy_sql(table_name)) as copy:
-                copy.set_types(COPY_TYPES[table_name])
-                for row in rows:
-                    copy.write_row(row)
-    upsert_minutes(conn, batch.cluster, prepared.minutes)
-    for record in prepared.profiles:
-        _profile(conn, batch.cluster, record)
-    for record in prepared.job_ended:
-        _job_ended(conn, batch.cluster, record)
-    # Summaries of ended jobs, in this transaction: at job_ended, and again when late rows arrive.
-    refresh_ended(conn, batch.cluster, list(prepared.jobs_seen))
-    return True
+        "SELECT * FROM unnest(%s::text[], %s::int8[], %s::text[], %s::int4[]) "
+        "ON CONFLICT (source, seq) DO NOTHING RETURNING source, seq",
+        (
+            [k[0] for k in keys],
+            [k[1] for k in keys],
+            [items[first[k]][0].cluster for k in keys],
+            [len(items[first[k]][0].records) for k in keys],
+        ),
+    ).fetchall()
+    new = {first[(row["source"], row["seq"])] for row in claimed}
+    return [index in new for index in range(len(items))]
 
 
-def _upsert_jobs_seen(conn: Connection, cluster: str, seen: dict[str, dt.datetime]) -> None:
-    """A record for a job the collector has not seen creates it (workstation runs have no prolog).
+def _spans(stored: Sequence[Item]) -> dict[JobKey, Span]:
+    spans: dict[JobKey, Span] = {}
+    for batch, prepared in stored:
+        for job, (first, last) in prepared.jobs_seen.items():
+            key = (batch.cluster, job)
+            seen = spans.get(key)
+            spans[key] = (first, last) if seen is None else (min(seen[0], first), max(seen[1], last))
+    return spans
 
-    Such a job starts at its earliest record. A job the prolog registered (it has a user)
-    keeps the prolog's start: a training process's clock does not move Slurm's accounting."""
-    if not seen:
-        return
-    jobs = sorted(seen)
-    conn.execute(
-        """INSERT INTO jobs AS j (cluster, job_id, start_time, first_seen, last_seen)
-           SELECT %s, job, ts, now(), ts FROM unnest(%s::text[], %s::timestamptz[]) AS s(job, ts)
-           ON CONFLICT (cluster, job_id) DO UPDATE
-           SET last_seen = greatest(j.last_seen, excluded.last_seen),
-               start_time = CASE WHEN j.user_name IS NULL THEN least(j.start_time, excluded.start_time)
-                                 ELSE j.start_time END""",
-        (cluster, jobs, [seen[j] for j in jobs]),
-    )
+
+def _copy(conn: Connection, stored: Sequence[Item]) -> None:
+    """One binary COPY per table for the whole group."""
+    tables = sorted({table for _, prepared in stored for table, rows in prepared.rows.items() if rows})
+    for table in tables:
+        with conn.cursor() as cur, cur.copy(COPY_SQL[table]) as copy:
+            copy.set_types(COPY_TYPES[table])
+            write_row = copy.write_row
+            for _, prepared in stored:
+                for row in prepared.rows.get(table, ()):
+                    write_row(row)
+
+
+def _in_job_order(stored: Sequence[Item], started: bool) -> list[tuple[str, dict[str, Any]]]:
+    """The group's ``job_started`` (or ``job_ended``) records with their clusters, by job; a
+    stable sort, so one job's records keep their order."""
+    records = [(b.cluster, r) for b, p in stored for r in (p.job_started if started else p.job_ended)]
+    return sorted(records, key=lambda pair: (pair[0], pair[1]["job"]))
+
+
+def store_group(conn: Connection, items: Sequence[Item], jobs: JobsSeen | None = None) -> Written:
+    """Write the batches of ``items`` inside the caller's transaction; replays write nothing.
+
+    ``jobs`` says which job rows need a write (all of them without it); the caller tells it
+    what was written once the transaction has committed."""
+    stored_flags = _claim(conn, items)
+    stored = [item for item, new in zip(items, stored_flags, strict=True) if new]
+    written = Written(stored_flags)
+    if not stored:
+        return written
+    written.spans = _spans(stored)
+    touched = {(b.cluster, r["job"]) for b, p in stored for r in (*p.job_started, *p.job_ended)}
+    written.jobs = jobs.due(written.spans, touched) if jobs is not None else written.spans
+    upsert_jobs(conn, written.jobs)
+    for cluster, record in _in_job_order(stored, started=True):
+        _job_started(conn, cluster, record)
+    _copy(conn, stored)
+    # What follows the COPY needs no result until the summary check: one pipeline sends it all
+    # and waits once, where each statement used to be a round trip of its own.
+    with conn.pipeline():
+        upsert_minutes(conn, merged((batch.cluster, prepared.minutes) for batch, prepared in stored))
+        for batch, prepared in stored:
+            for record in prepared.profiles:
+                _profile(conn, batch.cluster, record)
+        for cluster, record in _in_job_order(stored, started=False):
+            _job_ended(conn, cluster, record)
+        # Summaries of ended jobs, in this transaction: at job_ended, and again when late rows arrive.
+        for cluster in sorted({key[0] for key in written.spans}):
+            refresh_ended(conn, cluster, sorted(job for c, job in written.spans if c == cluster))
+    return written
 
 
 def _job_started(conn: Connection, cluster: str, r: dict[str, Any]) -> None:

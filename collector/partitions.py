@@ -1,17 +1,20 @@
 """Daily range partitions of the time-series tables: made ahead, made on demand for
-late data (a spool replayed days later), dropped past the retention window."""
+late data (a spool replayed days later), dropped past the retention window. The packed
+tier's tables (``PACKED_TABLES``) are partitioned by day too; their partitions are made by
+the compaction pass for the day it packs, and dropped past their own retention."""
 
 from __future__ import annotations
 
 import datetime as dt
 import logging
 import threading
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 
 from psycopg import sql
+from psycopg.rows import tuple_row
 
 from jobsight.collector.db import Connection
-from jobsight.collector.schema import PARTITIONED_TABLES
+from jobsight.collector.schema import PACKED_TABLES, PARTITIONED_TABLES
 
 log = logging.getLogger("jobsight.collector")
 
@@ -32,17 +35,36 @@ class PartitionKeeper:
         self._lock = threading.Lock()
 
     def load(self, conn: Connection) -> None:
-        rows = conn.execute(
-            """SELECT parent.relname AS parent, child.relname AS child FROM pg_inherits
-               JOIN pg_class parent ON parent.oid = pg_inherits.inhparent
-               JOIN pg_class child ON child.oid = pg_inherits.inhrelid
-               WHERE parent.relname = ANY(%s)""",
-            (list(PARTITIONED_TABLES),),
-        ).fetchall()
+        """Learn the partitions that exist (others may have been made by other processes)."""
         with self._lock:
-            for row in rows:
-                day = dt.datetime.strptime(row["child"][-8:], "%Y%m%d").date()
-                self._known.add((row["parent"], day))
+            self._known.update(self._catalogue(conn))
+
+    def reload(self, conn: Connection) -> None:
+        """Forget what was known and read the catalogue again (partitions dropped elsewhere go)."""
+        found = self._catalogue(conn)
+        with self._lock:
+            self._known = found
+
+    @staticmethod
+    def _catalogue(conn: Connection) -> set[tuple[str, dt.date]]:
+        with conn.cursor(row_factory=tuple_row) as cur:
+            rows = cur.execute(
+                """SELECT parent.relname, child.relname FROM pg_inherits
+                   JOIN pg_class parent ON parent.oid = pg_inherits.inhparent
+                   JOIN pg_class child ON child.oid = pg_inherits.inhrelid
+                   WHERE parent.relname = ANY(%(tables)s)""",
+                {"tables": [*PARTITIONED_TABLES, *PACKED_TABLES]},
+            ).fetchall()
+        return {(parent, dt.datetime.strptime(child[-8:], "%Y%m%d").date()) for parent, child in rows}
+
+    def exists(self, table: str, day: dt.date) -> bool:
+        with self._lock:
+            return (table, day) in self._known
+
+    def days(self, table: str) -> list[dt.date]:
+        """The days ``table`` has a partition for, oldest first."""
+        with self._lock:
+            return sorted(d for t, d in self._known if t == table)
 
     def missing(self, table: str, days: Iterable[dt.date]) -> list[dt.date]:
         with self._lock:
@@ -75,14 +97,20 @@ class PartitionKeeper:
         for table in PARTITIONED_TABLES:
             self.ensure(conn, table, days)
 
-    def drop_older_than(self, conn: Connection, retention_days: int, today: dt.date | None = None) -> list[str]:
-        """Drop whole partitions older than the retention window; returns their names."""
+    def drop_older_than(
+        self,
+        conn: Connection,
+        retention_days: int,
+        today: dt.date | None = None,
+        tables: Collection[str] = PARTITIONED_TABLES,
+    ) -> list[str]:
+        """Drop whole partitions of ``tables`` older than the retention window; returns their names."""
         if retention_days <= 0:
             return []
         today = today or dt.datetime.now(dt.UTC).date()
         cutoff = today - dt.timedelta(days=retention_days)
         with self._lock:
-            old = sorted((t, d) for t, d in self._known if d < cutoff)
+            old = sorted((t, d) for t, d in self._known if d < cutoff and t in tables)
         dropped: list[str] = []
         for table, day in old:
             name = partition_name(table, day)
@@ -95,3 +123,23 @@ class PartitionKeeper:
         if dropped:
             log.info("retention: dropped %d partitions older than %s", len(dropped), cutoff)
         return dropped
+
+    def drop_if_empty(self, conn: Connection, table: str, day: dt.date) -> bool:
+        """Drop the partition of ``table`` for ``day`` if it holds no rows; returns whether it is
+        gone. ``conn`` must be in autocommit."""
+        name = partition_name(table, day)
+        with conn.transaction(), conn.cursor(row_factory=tuple_row) as cur:
+            cur.execute("SELECT pg_advisory_xact_lock(%(key)s)", {"key": _DDL_LOCK_KEY})
+            row = cur.execute("SELECT to_regclass(%(name)s) IS NOT NULL", {"name": name}).fetchone()
+            empty = True  # a partition another process dropped is gone as well
+            if row is not None and row[0]:
+                # The lock keeps a late row from arriving between the look and the drop.
+                cur.execute(sql.SQL("LOCK TABLE {} IN ACCESS EXCLUSIVE MODE").format(sql.Identifier(name)))
+                found = cur.execute(sql.SQL("SELECT EXISTS (SELECT FROM {})").format(sql.Identifier(name))).fetchone()
+                empty = found is not None and not found[0]
+                if empty:
+                    cur.execute(sql.SQL("DROP TABLE {}").format(sql.Identifier(name)))
+        if empty:
+            with self._lock:
+                self._known.discard((table, day))
+        return empty

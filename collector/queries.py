@@ -1,7 +1,9 @@
 """Every read query, shared by the read API and the dashboard (which must not write SQL).
 
 Series are downsampled in SQL with ``date_bin`` so no caller ever pulls raw rows for a
-chart: a series of any length comes back as at most ``points`` buckets.
+chart: a series of any length comes back as at most ``points`` buckets. GPU samples and the
+per-minute rollup are read from both storage tiers (:mod:`jobsight.collector.tiers`): a job
+whose closed days were packed gives the answers it gave before.
 """
 
 from __future__ import annotations
@@ -10,6 +12,9 @@ import datetime as dt
 from dataclasses import dataclass
 from typing import Any
 
+from psycopg.pq import TransactionStatus
+
+from jobsight.collector import tiers
 from jobsight.collector.db import Connection
 
 MAX_POINTS = 5000
@@ -74,8 +79,7 @@ def list_jobs(
     clause = " AND ".join(where)
     base = f"""FROM jobs j LEFT JOIN job_summaries s ON s.cluster = j.cluster AND s.job_id = j.job_id
                LEFT JOIN LATERAL (
-                   SELECT sum(m.util_gpu_sum) / nullif(sum(m.util_gpu_n), 0) AS util FROM gpu_minutes m
-                   WHERE m.job_id = j.job_id AND m.cluster = j.cluster AND m.ts >= now() - %(live_window)s
+                   SELECT sum(m.util_gpu_sum) / nullif(sum(m.util_gpu_n), 0) AS util FROM {_LIVE_MINUTES} m
                ) live ON j.state = 'running' AND s.job_id IS NULL
                WHERE {clause}"""
     total = conn.execute(f"SELECT count(*) AS n {base}", params).fetchone()
@@ -93,6 +97,11 @@ def list_jobs(
     return rows, int(total["n"]) if total else 0
 
 
+_LIVE_MINUTES = tiers.minutes(
+    ("util_gpu_sum", "util_gpu_n"), job="j.job_id", cluster="j.cluster", start="now() - %(live_window)s"
+)
+
+
 def get_job(conn: Connection, cluster: str, job_id: str) -> dict[str, Any] | None:
     """The job's row with its summary, or ``None`` when the collector has never seen it."""
     return conn.execute(
@@ -107,10 +116,11 @@ def series_range(conn: Connection, table: str, cluster: str, job_id: str) -> Tim
     """First and last timestamp of a job's rows in ``table``; ``None`` when it has none."""
     if table not in ("gpu_samples", "host_samples", "metrics", "steps", "log_events"):
         raise ValueError(f"not a series table: {table}")
-    row = conn.execute(
-        f"SELECT min(ts) AS start, max(ts) AS end FROM {table} WHERE job_id = %s AND cluster = %s",
-        (job_id, cluster),
-    ).fetchone()
+    query = (
+        tiers.SAMPLE_RANGE if table == "gpu_samples"
+        else f"SELECT min(ts) AS start, max(ts) AS end FROM {table} WHERE job_id = %(job)s AND cluster = %(cluster)s"
+    )
+    row = conn.execute(query, {"job": job_id, "cluster": cluster}).fetchone()
     if row is None or row["start"] is None:
         return None
     return TimeRange(row["start"], row["end"])
@@ -126,6 +136,17 @@ def _resolve_range(
         return None
     return TimeRange(start or found.start, end or found.end)
 
+
+CHART_SETTINGS = {
+    # 64 GPUs x 600 buckets are ~40 k groups: in the default 4 MB they spill to disk (twice:
+    # the hash, then the sort).
+    "work_mem": "32MB",
+    # Under a Gather the planner does not count the rows that unnested packed arrays give, so
+    # it funnels every minute of a long job to the leader instead of aggregating in the
+    # workers: slower than one process.
+    "max_parallel_workers_per_gather": "0",
+}
+"""Planner settings for a GPU chart's statements."""
 
 # Buckets at least this wide read the per-minute rollup: each then holds two or more
 # whole minutes, so no bucket is left empty by the coarser grain.
@@ -144,53 +165,71 @@ def gpu_series(
     """Per GPU (node, index, MIG device) and time bucket: mean utilisation, max memory,
     mean power and temperature. At most ``points`` buckets per GPU.
 
-    Wide buckets come from ``gpu_minutes`` (a 24-hour job never reads its raw samples);
-    a job with no rollup rows (ingested before the rollup existed) reads the samples.
+    Wide buckets come from the per-minute rollup (a 24-hour job never reads its samples); a
+    job with no rollup rows (ingested before the rollup existed) reads the samples.
     """
+    rows: list[dict[str, Any]] = []
+    statements = gpu_series_statements(conn, cluster, job_id, start=start, end=end, points=points)
+    if statements and (not conn.autocommit or conn.info.transaction_status == TransactionStatus.INTRANS):
+        # For this transaction only (the API's or the dashboard's unit of work), see CHART_SETTINGS.
+        for name, value in CHART_SETTINGS.items():
+            conn.execute("SELECT set_config(%(name)s, %(value)s, true)", {"name": name, "value": value})
+    for query, params in statements:
+        rows = conn.execute(query, params).fetchall()
+        if rows:
+            break
+    return rows
+
+
+def gpu_series_statements(
+    conn: Connection,
+    cluster: str,
+    job_id: str,
+    *,
+    start: dt.datetime | None = None,
+    end: dt.datetime | None = None,
+    points: int = 500,
+) -> list[tuple[str, dict[str, Any]]]:
+    """The statements :func:`gpu_series` runs, in order, until one returns rows: the rollup's
+    when the buckets are wide enough, then the samples'. (Tests EXPLAIN them.)"""
     points = min(max(points, 1), MAX_POINTS)
     window = _resolve_range(conn, "gpu_samples", cluster, job_id, start, end)
     if window is None:
         return []
+    statements: list[tuple[str, dict[str, Any]]] = []
     minute_window = TimeRange(window.start.replace(second=0, microsecond=0), window.end)
     if minute_window.bucket_seconds(points) >= ROLLUP_MIN_BUCKET_S:
-        rows = conn.execute(
-            _GPU_FROM_MINUTES,
-            {
-                "width": minute_window.bucket_seconds(points),
-                "origin": minute_window.start,
-                "end": window.end,
-                "job": job_id,
-                "cluster": cluster,
-            },
-        ).fetchall()
-        if rows:
-            return rows
-    return conn.execute(
-        _GPU_FROM_SAMPLES,
-        {
-            "width": window.bucket_seconds(points),
-            "origin": window.start,
+        statements.append((_GPU_FROM_MINUTES, {
+            "width": minute_window.bucket_seconds(points),
+            "origin": minute_window.start,
             "end": window.end,
             "job": job_id,
             "cluster": cluster,
-        },
-    ).fetchall()
+        }))
+    statements.append((_GPU_FROM_SAMPLES, {
+        "width": window.bucket_seconds(points),
+        "origin": window.start,
+        "end": window.end,
+        "job": job_id,
+        "cluster": cluster,
+    }))
+    return statements
 
 
-_GPU_FROM_SAMPLES = """
+_GPU_FROM_SAMPLES = f"""
 SELECT node, gpu_index, gpu_uuid, mig_uuid,
        date_bin(make_interval(secs => %(width)s), ts, %(origin)s) AS bucket,
        avg(util_gpu) AS util_gpu, avg(util_mem) AS util_mem,
        max(mem_used) AS mem_used, max(mem_total) AS mem_total,
        avg(power_w) AS power_w, avg(temp_c) AS temp_c, max(energy_j) AS energy_j,
        bool_or(lost) AS lost, count(*) AS samples
-FROM gpu_samples
-WHERE job_id = %(job)s AND cluster = %(cluster)s AND ts >= %(origin)s AND ts <= %(end)s
+FROM {tiers.samples(("util_gpu", "util_mem", "mem_used", "mem_total", "power_w", "temp_c", "energy_j", "lost"),
+                    start="%(origin)s", end="%(end)s")} s
 GROUP BY node, gpu_index, gpu_uuid, mig_uuid, bucket
 ORDER BY node, gpu_index, mig_uuid NULLS FIRST, bucket
 """
 
-_GPU_FROM_MINUTES = """
+_GPU_FROM_MINUTES = f"""
 SELECT nullif(node, '') AS node, gpu_index, min(gpu_uuid) AS gpu_uuid, nullif(mig_uuid, '') AS mig_uuid,
        date_bin(make_interval(secs => %(width)s), ts, %(origin)s) AS bucket,
        sum(util_gpu_sum) / nullif(sum(util_gpu_n), 0) AS util_gpu,
@@ -198,8 +237,9 @@ SELECT nullif(node, '') AS node, gpu_index, min(gpu_uuid) AS gpu_uuid, nullif(mi
        max(mem_used_max) AS mem_used, max(mem_total_max) AS mem_total,
        sum(power_sum) / nullif(sum(power_n), 0) AS power_w, sum(temp_sum) / nullif(sum(temp_n), 0) AS temp_c,
        max(energy_max) AS energy_j, bool_or(lost) AS lost, sum(samples) AS samples
-FROM gpu_minutes
-WHERE job_id = %(job)s AND cluster = %(cluster)s AND ts >= %(origin)s AND ts <= %(end)s
+FROM {tiers.minutes(("gpu_uuid", "util_gpu_sum", "util_gpu_n", "util_mem_sum", "util_mem_n", "mem_used_max",
+                     "mem_total_max", "power_sum", "power_n", "temp_sum", "temp_n", "energy_max", "lost", "samples"),
+                    start="%(origin)s", end="%(end)s")} m
 GROUP BY node, gpu_index, mig_uuid, bucket
 ORDER BY node, gpu_index, mig_uuid, bucket
 """
@@ -373,11 +413,10 @@ def recent_train_steps(conn: Connection, cluster: str, job_id: str, *, limit: in
 
 def recent_gpu_samples(conn: Connection, cluster: str, job_id: str, *, limit: int = 2000) -> list[dict[str, Any]]:
     """The job's latest ``limit`` GPU samples (utilisation, memory used and total), newest first."""
-    return conn.execute(
-        """SELECT util_gpu, mem_used, mem_total FROM gpu_samples
-           WHERE job_id = %s AND cluster = %s ORDER BY ts DESC LIMIT %s""",
-        (job_id, cluster, limit),
-    ).fetchall()
+    return conn.execute(_RECENT_GPU_SAMPLES, {"job": job_id, "cluster": cluster, "limit": limit}).fetchall()
+
+
+_RECENT_GPU_SAMPLES = tiers.latest_samples(("util_gpu", "mem_used", "mem_total"))
 
 
 def schema_revision(conn: Connection) -> str | None:

@@ -1,30 +1,48 @@
-"""The per-minute GPU rollup (``gpu_minutes``), folded into each batch's transaction.
+"""The per-minute GPU rollup (``gpu_minutes``), folded into each ingest transaction.
 
-A batch's GPU samples are summed per (job, node, GPU, MIG device, minute) in Python,
-then added to the stored rows with one ``INSERT … ON CONFLICT DO UPDATE``. Sums and
-counts make the result independent of how samples were split into batches; rows are
-written in key order so that concurrent batches lock them in the same order.
+GPU samples are summed per (job, node, GPU, MIG device, minute) in Python when a batch is
+prepared (:meth:`MinuteRollup.add_rows`, in the decode thread). The group commit merges the
+rollups of every batch it writes per (cluster, key) and adds them to the stored rows with
+one ``INSERT … ON CONFLICT DO UPDATE`` (:func:`upsert_minutes`). Sums, counts and extremes
+make the result independent of how samples were split into batches and groups; rows are
+written in key order so that concurrent groups lock them in the same order (no deadlock).
 """
 
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final
 
+import orjson
+
+from jobsight.collector import tiers
 from jobsight.collector.db import Connection
+from jobsight.collector.schema import gpu_samples
+from jobsight.collector.timestamps import MINUTE_US, day_of_us, ts_from_us
 
 IDLE_UTIL = 5.0
 """Utilisation (%) under which a sample counts as idle, for summaries' idle fraction."""
 
-Key = tuple[str, str, int, str, dt.datetime]  # job, node, gpu index, MIG uuid, minute
+Key = tuple[str, str, int, str, int]
+"""job, node ('' for none), GPU index, MIG uuid ('' for none), minute (µs since the epoch)."""
+ClusterKey = tuple[str, str, str, int, str, int]
+"""The cluster, then a :data:`Key`: what one ``gpu_minutes`` row is keyed by."""
+
+# Positions in a gpu_samples row (ingest_rows builds rows in the table's column order).
+_AT: Final = {column.name: i for i, column in enumerate(gpu_samples.columns)}
+_JOB, _NODE, _GPU, _UUID, _MIG = (_AT[n] for n in ("job_id", "node", "gpu_index", "gpu_uuid", "mig_uuid"))
+_UTIL, _UTIL_MEM, _MEM_USED, _MEM_TOTAL = (_AT[n] for n in ("util_gpu", "util_mem", "mem_used", "mem_total"))
+_POWER, _ENERGY, _TEMP, _LOST = (_AT[n] for n in ("power_w", "energy_j", "temp_c", "lost"))
 
 
-@dataclass
+@dataclass(slots=True)
 class MinuteSums:
     gpu_uuid: str
-    first_ts: dt.datetime
-    last_ts: dt.datetime
+    first_ts: int
+    """µs since the epoch, like ``last_ts``; converted when written."""
+    last_ts: int
     samples: int = 0
     util_gpu_sum: float = 0.0
     util_gpu_n: int = 0
@@ -52,45 +70,86 @@ def _min(a: Any, b: Any) -> Any:
     return b if a is None else a if b is None else min(a, b)
 
 
+def combined(a: MinuteSums, b: MinuteSums) -> MinuteSums:
+    """A new sum of ``a`` and ``b`` (neither is changed: a batch keeps its own rollup, for
+    when its group falls back to storing batch by batch)."""
+    return MinuteSums(
+        a.gpu_uuid, min(a.first_ts, b.first_ts), max(a.last_ts, b.last_ts), a.samples + b.samples,
+        a.util_gpu_sum + b.util_gpu_sum, a.util_gpu_n + b.util_gpu_n, _max(a.util_gpu_max, b.util_gpu_max),
+        a.util_idle_n + b.util_idle_n, a.util_mem_sum + b.util_mem_sum, a.util_mem_n + b.util_mem_n,
+        _max(a.mem_used_max, b.mem_used_max), _max(a.mem_total_max, b.mem_total_max), a.power_sum + b.power_sum,
+        a.power_n + b.power_n, a.temp_sum + b.temp_sum, a.temp_n + b.temp_n, _min(a.energy_min, b.energy_min),
+        _max(a.energy_max, b.energy_max), a.energy_n + b.energy_n, a.lost or b.lost,
+    )
+
+
 @dataclass
 class MinuteRollup:
     """Accumulates one batch's GPU samples."""
 
     sums: dict[Key, MinuteSums] = field(default_factory=dict)
 
-    def add(self, record: dict[str, Any], ts: dt.datetime) -> None:
-        key = (record["job"], record.get("node") or "", record["gpu_index"], record.get("mig_uuid") or "",
-               ts.replace(second=0, microsecond=0))
-        row = self.sums.get(key)
-        if row is None:
-            row = self.sums[key] = MinuteSums(record["gpu_uuid"], ts, ts)
-        row.samples += 1
-        row.first_ts, row.last_ts = min(row.first_ts, ts), max(row.last_ts, ts)
-        util = record.get("util_gpu")
-        if util is not None:
-            row.util_gpu_sum += util
-            row.util_gpu_n += 1
-            row.util_gpu_max = _max(row.util_gpu_max, util)
-            if util < IDLE_UTIL:
-                row.util_idle_n += 1
-        if (util_mem := record.get("util_mem")) is not None:
-            row.util_mem_sum += util_mem
-            row.util_mem_n += 1
-        if (power := record.get("power_w")) is not None:
-            row.power_sum += power
-            row.power_n += 1
-        if (temp := record.get("temp_c")) is not None:
-            row.temp_sum += temp
-            row.temp_n += 1
-        row.mem_used_max = _max(row.mem_used_max, record.get("mem_used"))
-        row.mem_total_max = _max(row.mem_total_max, record.get("mem_total"))
-        if (energy := record.get("energy_j")) is not None:
-            row.energy_min, row.energy_max = _min(row.energy_min, energy), _max(row.energy_max, energy)
-            row.energy_n += 1
-        row.lost = row.lost or bool(record.get("lost"))
+    def add_rows(self, rows: Sequence[tuple[Any, ...]], ts_us: Sequence[int]) -> None:
+        """Fold ``gpu_samples`` rows in, ``ts_us`` being their times as integers. Inline and
+        on locals: this runs once per sample, and a call or attribute look-up per field would
+        cost more than the arithmetic."""
+        sums = self.sums
+        for row, us in zip(rows, ts_us, strict=True):
+            key = (row[_JOB], row[_NODE] or "", row[_GPU], row[_MIG] or "", us - us % MINUTE_US)
+            s = sums.get(key)
+            if s is None:
+                s = sums[key] = MinuteSums(row[_UUID], us, us)
+            elif us < s.first_ts:
+                s.first_ts = us
+            elif us > s.last_ts:
+                s.last_ts = us
+            s.samples += 1
+            if (util := row[_UTIL]) is not None:
+                s.util_gpu_sum += util
+                s.util_gpu_n += 1
+                if s.util_gpu_max is None or util > s.util_gpu_max:
+                    s.util_gpu_max = util
+                if util < IDLE_UTIL:
+                    s.util_idle_n += 1
+            if (util_mem := row[_UTIL_MEM]) is not None:
+                s.util_mem_sum += util_mem
+                s.util_mem_n += 1
+            if (power := row[_POWER]) is not None:
+                s.power_sum += power
+                s.power_n += 1
+            if (temp := row[_TEMP]) is not None:
+                s.temp_sum += temp
+                s.temp_n += 1
+            if (mem_used := row[_MEM_USED]) is not None and (s.mem_used_max is None or mem_used > s.mem_used_max):
+                s.mem_used_max = mem_used
+            if (mem_total := row[_MEM_TOTAL]) is not None and (
+                s.mem_total_max is None or mem_total > s.mem_total_max
+            ):
+                s.mem_total_max = mem_total
+            if (energy := row[_ENERGY]) is not None:
+                if s.energy_min is None or energy < s.energy_min:
+                    s.energy_min = energy
+                if s.energy_max is None or energy > s.energy_max:
+                    s.energy_max = energy
+                s.energy_n += 1
+            if row[_LOST]:
+                s.lost = True
 
     def days(self) -> set[dt.date]:
-        return {key[4].date() for key in self.sums}
+        return {day_of_us(key[4]) for key in self.sums}
+
+
+def merged(parts: Iterable[tuple[str, MinuteRollup]]) -> dict[ClusterKey, MinuteSums]:
+    """The rollups of several batches (with their clusters) as one set of rows, summed where
+    batches share a key, so that one statement never proposes a row twice (which ``ON
+    CONFLICT DO UPDATE`` refuses)."""
+    out: dict[ClusterKey, MinuteSums] = {}
+    for cluster, rollup in parts:
+        for key, sums in rollup.sums.items():
+            full = (cluster, *key)
+            seen = out.get(full)
+            out[full] = sums if seen is None else combined(seen, sums)
+    return out
 
 
 _COLUMNS = (
@@ -102,16 +161,21 @@ _TYPES = (
     "text", "int", "float8", "int", "float8", "int", "float8", "int", "int8", "int8", "float8", "int", "float8",
     "int", "float8", "float8", "int", "timestamptz", "timestamptz", "bool",
 )
+_KEY = ("cluster", "job_id", "node", "gpu_index", "mig_uuid", "ts")
+_KEY_TYPES = ("text", "text", "text", "smallint", "text", "timestamptz")
 _ADDED = ("samples", "util_gpu_sum", "util_gpu_n", "util_idle_n", "util_mem_sum", "util_mem_n", "power_sum",
           "power_n", "temp_sum", "temp_n", "energy_n")
 _GREATEST = ("util_gpu_max", "mem_used_max", "mem_total_max", "energy_max", "last_ts")
 _LEAST = ("energy_min", "first_ts")
 
+# The rows go in as one JSON array (orjson writes it in C, and floats as the shortest text that
+# reads back as the same double), not as 26 arrays, which psycopg dumped element by element
+# in Python: that was most of the cost of a group of small batches. Rows are in key order.
 _UPSERT = f"""
-INSERT INTO gpu_minutes AS g (cluster, job_id, node, gpu_index, mig_uuid, ts, {", ".join(_COLUMNS)})
-SELECT %(cluster)s, * FROM unnest(
-    %(job)s::text[], %(node)s::text[], %(gpu_index)s::smallint[], %(mig_uuid)s::text[], %(ts)s::timestamptz[],
-    {", ".join(f"%({c})s::{t}[]" for c, t in zip(_COLUMNS, _TYPES, strict=True))})
+INSERT INTO gpu_minutes AS g ({", ".join(_KEY)}, {", ".join(_COLUMNS)})
+SELECT {", ".join(_KEY)}, {", ".join(_COLUMNS)}
+FROM jsonb_to_recordset(%s::jsonb) AS r(
+    {", ".join(f"{c} {t}" for c, t in zip((*_KEY, *_COLUMNS), (*_KEY_TYPES, *_TYPES), strict=True))})
 ON CONFLICT (job_id, cluster, node, gpu_index, mig_uuid, ts) DO UPDATE SET
     {", ".join(f"{c} = g.{c} + excluded.{c}" for c in _ADDED)},
     {", ".join(f"{c} = greatest(g.{c}, excluded.{c})" for c in _GREATEST)},
@@ -120,43 +184,43 @@ ON CONFLICT (job_id, cluster, node, gpu_index, mig_uuid, ts) DO UPDATE SET
 """
 
 
-def upsert_minutes(conn: Connection, cluster: str, rollup: MinuteRollup) -> None:
-    if not rollup.sums:
-        return
-    keys = sorted(rollup.sums)
-    params: dict[str, Any] = {
-        "cluster": cluster,
-        "job": [k[0] for k in keys],
-        "node": [k[1] for k in keys],
-        "gpu_index": [k[2] for k in keys],
-        "mig_uuid": [k[3] for k in keys],
-        "ts": [k[4] for k in keys],
-    }
+def _as_json(key: ClusterKey, s: MinuteSums) -> dict[str, Any]:
+    row = dict(zip(_KEY, key, strict=True))
+    row["ts"] = ts_from_us(key[5])
     for column in _COLUMNS:
-        params[column] = [getattr(rollup.sums[k], column) for k in keys]
-    conn.execute(_UPSERT, params)
+        row[column] = getattr(s, column)
+    row["first_ts"], row["last_ts"] = ts_from_us(s.first_ts), ts_from_us(s.last_ts)
+    return row
 
 
-_REBUILD = """
+def upsert_minutes(conn: Connection, rows: dict[ClusterKey, MinuteSums]) -> None:
+    """Add :func:`merged` rows to ``gpu_minutes``, in key order, in one statement."""
+    if not rows:
+        return
+    conn.execute(_UPSERT, (orjson.dumps([_as_json(key, rows[key]) for key in sorted(rows)]).decode(),))
+
+
+_REBUILD = f"""
 INSERT INTO gpu_minutes (cluster, job_id, ts, node, gpu_index, mig_uuid, gpu_uuid, samples, util_gpu_sum,
                          util_gpu_n, util_gpu_max, util_idle_n, util_mem_sum, util_mem_n, mem_used_max,
                          mem_total_max, power_sum, power_n, temp_sum, temp_n, energy_min, energy_max, energy_n,
                          first_ts, last_ts, lost)
-SELECT cluster, job_id, date_trunc('minute', ts), coalesce(node, ''), gpu_index, coalesce(mig_uuid, ''),
+SELECT %(cluster)s, %(job)s, date_trunc('minute', ts), coalesce(node, ''), gpu_index, coalesce(mig_uuid, ''),
        min(gpu_uuid), count(*), coalesce(sum(util_gpu), 0), count(util_gpu), max(util_gpu),
        count(*) FILTER (WHERE util_gpu < %(idle)s), coalesce(sum(util_mem), 0), count(util_mem), max(mem_used),
        max(mem_total), coalesce(sum(power_w), 0), count(power_w), coalesce(sum(temp_c), 0), count(temp_c),
        min(energy_j), max(energy_j), count(energy_j), min(ts), max(ts), coalesce(bool_or(lost), false)
-FROM gpu_samples
-WHERE cluster = %(cluster)s AND job_id = %(job)s
-GROUP BY cluster, job_id, date_trunc('minute', ts), coalesce(node, ''), gpu_index, coalesce(mig_uuid, '')
+FROM {tiers.samples(("util_gpu", "util_mem", "mem_used", "mem_total", "power_w", "temp_c", "energy_j", "lost"))} s
+GROUP BY date_trunc('minute', ts), coalesce(node, ''), gpu_index, coalesce(mig_uuid, '')
 """
 
 
 def rebuild_minutes(conn: Connection, cluster: str, job_id: str) -> None:
-    """Recompute a job's rollup from its samples: for rows written around the ingest path
-    (bulk loads, jobs stored before the rollup existed). The partitions of ``gpu_minutes``
-    for the job's days must exist."""
+    """Recompute a job's rollup from its samples (both tiers): for rows written around the
+    ingest path (bulk loads, jobs stored before the rollup existed). The rows go to
+    ``gpu_minutes``, whose partitions for the job's days must exist; the packed minutes of the
+    job are removed, and the next compaction pass packs the closed days again."""
     params = {"cluster": cluster, "job": job_id, "idle": IDLE_UTIL}
     conn.execute("DELETE FROM gpu_minutes WHERE cluster = %(cluster)s AND job_id = %(job)s", params)
     conn.execute(_REBUILD, params)
+    conn.execute("DELETE FROM gpu_minute_blocks WHERE cluster = %(cluster)s AND job_id = %(job)s", params)

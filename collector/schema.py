@@ -276,7 +276,119 @@ profile_requests = Table(
     Index(None, "job_id", "state"),
 )
 
+# The packed tier. A closed day of gpu_samples and gpu_minutes is rewritten by the compaction
+# pass (collector/compaction.py) into the three tables below and its raw partitions emptied;
+# collector/tiers.py reads both tiers as one; collector/packed_format.py says how each column
+# is encoded. Every key holds job_id (the distribution column on Citus); gpu_devices is a
+# small dictionary (a reference table there).
+
+# One row per distinct (node, GPU index, UUID, name, MIG device) ever packed, so a packed
+# block names its GPU by a 4-byte id instead of repeating ~80 bytes of text. Only the
+# compaction pass writes it, one pass at a time (an advisory lock), which is what keeps the
+# tuples unique (UNIQUE would not, as PostgreSQL 14 treats NULLs as distinct).
+gpu_devices = Table(
+    "gpu_devices",
+    metadata,
+    Column("id", Integer, Identity(), nullable=False),
+    Column("node", Text),
+    Column("gpu_index", SmallInteger, nullable=False),
+    Column("gpu_uuid", Text, nullable=False),
+    Column("gpu_name", Text),
+    Column("mig_uuid", Text),
+    PrimaryKeyConstraint("id"),
+    Index(None, "gpu_uuid", "gpu_index"),
+)
+
+# The sample times of packed blocks, one array per distinct set of times in a job-hour. The
+# node daemon stamps every GPU of a node with the same tick, so the 8 GPUs of a node share one
+# timeline row: the times are stored once per node, not once per GPU.
+gpu_sample_timelines = Table(
+    "gpu_sample_timelines",
+    metadata,
+    Column("cluster", Text, nullable=False),
+    Column("job_id", Text, nullable=False),
+    Column("ts", TS, nullable=False),
+    Column("timeline", Integer, nullable=False),
+    Column("sample_ts", ARRAY(TS), nullable=False),
+    PrimaryKeyConstraint("job_id", "cluster", "ts", "timeline"),
+    postgresql_partition_by=PARTITION_BY,
+)
+
+# gpu_samples packed: one row per job, GPU (gpu_devices.id) and UTC hour (``ts``), each
+# measurement an array in timeline order (collector/packed_format.py). A measurement with a
+# ``_f`` twin is kept as integers when they are exact (whole percents and degrees, W in mW,
+# J in mJ from a per-block base; GPM ratios in hundredths of a point, rounded) and as float8 in
+# the twin when one value of the block is not.
+# Large arrays are compressed by TOAST (pglz) and stored out of line.
+gpu_sample_blocks = Table(
+    "gpu_sample_blocks",
+    metadata,
+    Column("cluster", Text, nullable=False),
+    Column("job_id", Text, nullable=False),
+    Column("ts", TS, nullable=False),
+    Column("device", Integer, nullable=False),
+    Column("timeline", Integer, nullable=False),
+    Column("samples", Integer, nullable=False),
+    Column("first_ts", TS, nullable=False),
+    Column("last_ts", TS, nullable=False),
+    Column("util_gpu", ARRAY(SmallInteger)),
+    Column("util_gpu_f", ARRAY(Double)),
+    Column("util_mem", ARRAY(SmallInteger)),
+    Column("util_mem_f", ARRAY(Double)),
+    Column("mem_used", ARRAY(BigInteger)),
+    Column("mem_total", ARRAY(BigInteger)),
+    Column("power_mw", ARRAY(Integer)),
+    Column("power_w_f", ARRAY(Double)),
+    Column("energy_mj_base", BigInteger),
+    Column("energy_mj", ARRAY(Integer)),
+    Column("energy_j_f", ARRAY(Double)),
+    Column("temp_c", ARRAY(SmallInteger)),
+    Column("temp_c_f", ARRAY(Double)),
+    Column("sm_clock_mhz", ARRAY(Integer)),
+    Column("mem_clock_mhz", ARRAY(Integer)),
+    Column("pcie_tx_kbs", ARRAY(Integer)),
+    Column("pcie_rx_kbs", ARRAY(Integer)),
+    Column("throttle_reasons", ARRAY(BigInteger)),
+    Column("ecc_errors", ARRAY(BigInteger)),
+    Column("process_count", ARRAY(Integer)),
+    Column("sm_active", ARRAY(SmallInteger)),
+    Column("sm_active_f", ARRAY(Double)),
+    Column("tensor_active", ARRAY(SmallInteger)),
+    Column("tensor_active_f", ARRAY(Double)),
+    Column("lost", ARRAY(Boolean)),
+    PrimaryKeyConstraint("job_id", "cluster", "ts", "device"),
+    postgresql_partition_by=PARTITION_BY,
+)
+
+MINUTE_KEY = ("cluster", "job_id", "ts", "node", "gpu_index", "mig_uuid")
+"""gpu_minutes' key columns; the rest are the rollup's values."""
+
+SAMPLE_COUNTS = ("util_gpu_n", "util_mem_n", "power_n", "temp_n", "energy_n")
+"""Rollup counts that equal ``samples`` whenever every sample carries the measurement."""
+
+# gpu_minutes packed: one row per job, GPU and UTC hour; each rollup column an array over the
+# hour's minutes (``minute_ts``), the values copied as they were. A count of SAMPLE_COUNTS that
+# equals ``samples`` in every minute of the block is NULL (read as ``samples``): the common case
+# costs neither bytes nor, when read, an array to unnest.
+gpu_minute_blocks = Table(
+    "gpu_minute_blocks",
+    metadata,
+    Column("cluster", Text, nullable=False),
+    Column("job_id", Text, nullable=False),
+    Column("ts", TS, nullable=False),
+    Column("node", Text, nullable=False),
+    Column("gpu_index", SmallInteger, nullable=False),
+    Column("mig_uuid", Text, nullable=False),
+    Column("minute_ts", ARRAY(TS), nullable=False),
+    *(Column(c.name, ARRAY(c.type), nullable=c.name in SAMPLE_COUNTS)
+      for c in gpu_minutes.columns if c.name not in MINUTE_KEY),
+    PrimaryKeyConstraint("job_id", "cluster", "ts", "node", "gpu_index", "mig_uuid"),
+    postgresql_partition_by=PARTITION_BY,
+)
+
 PARTITIONED_TABLES = ("gpu_samples", "gpu_minutes", "host_samples", "log_events", "metrics", "steps")
+PACKED_TABLES = ("gpu_sample_blocks", "gpu_sample_timelines", "gpu_minute_blocks")
+"""Partitioned by day like the raw tables, but made only by the compaction pass."""
 
 _PARTITION_NAME = re.compile(r"_p\d{8}$")
 

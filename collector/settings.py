@@ -94,6 +94,19 @@ class CollectorSettings(TomlTableSettings):
     """Ingest bodies inflated, parsed and validated at once (in worker threads), per collector
     process; more wait their turn, so a burst of large bodies holds at most this many inflated."""
     pool_size: int = Field(8, ge=1, le=256)
+    group_commit_wait_ms: float = Field(5.0, ge=0, le=1000)
+    """How long the first batch of a group may wait for others on their way (only while other
+    requests are being decoded); batches queued while a group is written join the next one."""
+    group_commit_max_batches: int = Field(64, ge=1, le=10_000)
+    """Batches written in one transaction, at most."""
+    group_commit_max_records: int = Field(100_000, ge=1)
+    """Records in one group, at most (a larger batch still goes, alone)."""
+    group_commit_writers: int = Field(2, ge=1, le=16)
+    """Threads writing groups per collector process, each on its own connection: while one
+    waits for the database, the next group is written."""
+    last_seen_flush_s: float = Field(5.0, gt=0, le=3600)
+    """A job's ``last_seen`` is kept in memory and written this often (a row every node of a
+    job shares is not written by every batch): it lags the records by about this much."""
     retention_days: int = Field(180, ge=0)
     """Raw time-series partitions older than this are dropped; 0 keeps everything."""
     partitions_ahead_days: int = Field(2, ge=0, le=60)

@@ -30,6 +30,7 @@ from typing import Any, Final
 
 from psycopg.types.json import Jsonb
 
+from jobsight.collector import tiers
 from jobsight.collector.db import Connection
 from jobsight.collector.rollup import IDLE_UTIL as ROLLUP_IDLE_UTIL
 
@@ -39,12 +40,12 @@ LOW_MEMORY_SHARE: Final = 0.25
 SUMMARY_VERSION: Final = 1
 J_PER_KWH: Final = 3.6e6
 
-_GPU_SQL: Final = """
+# Samples and minutes come from both storage tiers (collector/tiers.py).
+_GPU_SQL: Final = f"""
 WITH s AS (
     SELECT node, gpu_index, gpu_uuid, mig_uuid, ts, util_gpu, mem_used, mem_total, power_w, energy_j,
            extract(epoch FROM ts - lag(ts) OVER w) AS dt_s, lag(power_w) OVER w AS prev_power_w
-    FROM gpu_samples
-    WHERE cluster = %(cluster)s AND job_id = %(job)s
+    FROM {tiers.samples(("util_gpu", "mem_used", "mem_total", "power_w", "energy_j"))} g
     WINDOW w AS (PARTITION BY node, gpu_index, mig_uuid ORDER BY ts)
 )
 SELECT node, gpu_index, mig_uuid, min(gpu_uuid) AS gpu_uuid, count(*) AS samples,
@@ -62,7 +63,7 @@ ORDER BY node NULLS FIRST, gpu_index, mig_uuid NULLS FIRST
 # The same per-GPU figures from the per-minute rollup: exact for counts, sums, extremes,
 # the energy counter and first/last sample. Only the power integral (for GPUs without an
 # energy counter, pre-Volta) needs consecutive samples; it comes from _POWER_SQL.
-_GPU_MINUTES_SQL: Final = """
+_GPU_MINUTES_SQL: Final = f"""
 SELECT nullif(node, '') AS node, gpu_index, nullif(mig_uuid, '') AS mig_uuid, min(gpu_uuid) AS gpu_uuid,
        sum(samples) AS samples,
        sum(util_gpu_sum) / nullif(sum(util_gpu_n), 0) AS mean_util, max(util_gpu_max) AS max_util,
@@ -71,18 +72,17 @@ SELECT nullif(node, '') AS node, gpu_index, nullif(mig_uuid, '') AS mig_uuid, mi
        NULL::float8 AS power_integral_j,
        sum(util_idle_n)::float8 / nullif(sum(util_gpu_n), 0) AS idle_fraction,
        min(first_ts) AS first_ts, max(last_ts) AS last_ts
-FROM gpu_minutes
-WHERE cluster = %(cluster)s AND job_id = %(job)s
+FROM {tiers.minutes()} m
 GROUP BY node, gpu_index, mig_uuid
 ORDER BY node NULLS FIRST, gpu_index, mig_uuid NULLS FIRST
 """
 
-_POWER_SQL: Final = """
+_POWER_SQL: Final = f"""
 WITH s AS (
     SELECT node, gpu_index, mig_uuid, power_w,
            extract(epoch FROM ts - lag(ts) OVER w) AS dt_s, lag(power_w) OVER w AS prev_power_w
-    FROM gpu_samples
-    WHERE cluster = %(cluster)s AND job_id = %(job)s AND gpu_index = ANY(%(gpus)s)
+    FROM {tiers.samples(("power_w",))} g
+    WHERE gpu_index = ANY(%(gpus)s)
     WINDOW w AS (PARTITION BY node, gpu_index, mig_uuid ORDER BY ts)
 )
 SELECT node, gpu_index, mig_uuid, sum(dt_s * (power_w + prev_power_w) / 2) AS power_integral_j

@@ -1,13 +1,21 @@
 """Altair charts for the job page. Each takes the already downsampled frames from
-:mod:`jobsight.dashboard.data` and the job's time domain, so every time chart shares one x axis."""
+:mod:`jobsight.dashboard.data` and the job's time domain, so every time chart shares one x axis.
+
+What a chart ships to the browser is bounded: the heatmap by the cells the data layer read, a line
+chart by a point budget across its lines (neighbouring buckets merged when over it), and the step
+chart of many ranks is a band across ranks plus the few ranks outside it, not a line per rank."""
 
 from __future__ import annotations
 
 import datetime as dt
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 import altair as alt
 import pandas as pd
 
+from jobsight.dashboard.settings import points_per_series
 from jobsight.protocol import diagnosis
 
 Domain = tuple[dt.datetime, dt.datetime]
@@ -30,6 +38,27 @@ def _scale(domain: Domain) -> alt.Scale:
 
 def _x(domain: Domain, title: str | None = None) -> alt.X:
     return alt.X("bucket:T", title=title, scale=_scale(domain), axis=alt.Axis(format="%H:%M", labelOverlap=True))
+
+
+def merge_buckets(frame: pd.DataFrame, by: Sequence[str], most: int, how: Mapping[str, str]) -> pd.DataFrame:
+    """``frame`` (series named by ``by`` over one shared grid of buckets) with runs of
+    neighbouring buckets merged, so that no series has more than ``most``; each merged bucket
+    takes its first bucket's time and the columns of ``how`` aggregated as it says."""
+    buckets = frame["bucket"].drop_duplicates().sort_values().reset_index(drop=True)
+    if len(buckets) <= most:
+        return frame
+    factor = math.ceil(len(buckets) / most)
+    first = buckets.groupby(buckets.index // factor).transform("first")
+    merged = frame.assign(bucket=frame["bucket"].map(dict(zip(buckets, first, strict=True))))
+    return merged.groupby([*by, "bucket"], as_index=False, sort=True, dropna=False).agg(dict(how))
+
+
+def fit_lines(frame: pd.DataFrame, by: Sequence[str], budget: int, how: Mapping[str, str]) -> pd.DataFrame:
+    """``frame`` with at most ``budget`` points over all its series (see :func:`merge_buckets`)."""
+    if frame.empty:
+        return frame
+    series = frame.groupby(list(by), dropna=False).ngroups
+    return merge_buckets(frame, by, points_per_series(budget, series, budget), how)
 
 
 def gpu_frame(series: pd.DataFrame) -> pd.DataFrame:
@@ -55,35 +84,51 @@ def marker_layer(markers: pd.DataFrame, domain: Domain) -> alt.LayerChart | None
     return alt.layer(bands, rules)
 
 
-def _with_markers(chart: alt.Chart, markers: pd.DataFrame, domain: Domain) -> alt.LayerChart | alt.Chart:
-    """``chart`` with the timeline markers over it; each keeps its own colour scale."""
-    layer = marker_layer(markers, domain)
-    if layer is None:
+def _with_markers(chart: alt.Chart | alt.LayerChart, overlay: alt.LayerChart | None) -> alt.LayerChart | alt.Chart:
+    """``chart`` with the timeline markers (:func:`marker_layer`) over it; each keeps its own colour
+    scale. The page builds the overlay once per refresh: Altair takes tens of milliseconds to build
+    one, and every time chart of the page carries it."""
+    if overlay is None:
         return chart
-    return alt.layer(chart, layer).resolve_scale(color="independent").properties(title=chart.title)
+    return alt.layer(chart, overlay).resolve_scale(color="independent").properties(title=chart.title)
 
 
-def gpu_lines(frame: pd.DataFrame, metric: str, node: str, domain: Domain,
-              markers: pd.DataFrame) -> alt.LayerChart | alt.Chart:
+def gpu_lines(frame: pd.DataFrame, metric: str, node: str, domain: Domain, overlay: alt.LayerChart | None,
+              budget: int) -> alt.LayerChart | alt.Chart:
+    """One node's GPUs, a line each, within ``budget`` points for the chart."""
     title, scale = GPU_METRICS[metric]
-    lines = alt.Chart(frame[frame["node"] == node]).mark_line(interpolate="step-after").encode(
+    # Memory is the bucket's maximum in the query: merged buckets keep the maximum too.
+    merge = "max" if metric == "mem_used_gib" else "mean"
+    shown = fit_lines(frame.loc[frame["node"] == node, ["gpu", "bucket", metric]], ["gpu"], budget, {metric: merge})
+    lines = alt.Chart(shown).mark_line(interpolate="step-after").encode(
         x=_x(domain), y=alt.Y(f"{metric}:Q", title=title, scale=scale),
         color=alt.Color("gpu:N", title="GPU"), tooltip=["gpu:N", "bucket:T", alt.Tooltip(f"{metric}:Q", format=".1f")],
     ).properties(title=f"{node}: {title}", height=200)
-    return _with_markers(lines, markers, domain)
+    return _with_markers(lines, overlay)
+
+
+def bucket_ends(frame: pd.DataFrame, domain: Domain) -> pd.Series:
+    """Each row's bucket end: buckets share one grid (``date_bin`` from one origin), so the end is
+    the start plus the grid's step; a lone bucket runs to the end of the domain."""
+    starts = frame["bucket"].drop_duplicates().sort_values()
+    steps = starts.diff().dropna()
+    step = steps[steps > pd.Timedelta(0)].min() if not steps.empty else None
+    if step is None or pd.isna(step):
+        return pd.Series(pd.Timestamp(domain[1]), index=frame.index)
+    return frame["bucket"] + step
 
 
 def gpu_heatmap(frame: pd.DataFrame, domain: Domain) -> alt.Chart:
-    """GPU × time utilisation. Rows shrink as GPUs grow so 64-512 GPUs stay on one screen;
-    y labels are thinned by Vega when rows are too small to label each one."""
+    """GPU × time utilisation, one cell per GPU and bucket as the data layer read them (within the
+    heatmap's cell budget). Rows shrink as GPUs grow so 64-512 GPUs stay on one screen; y labels
+    are thinned by Vega when rows are too small to label each one. The x axis is the same time
+    scale as every other chart of the page."""
     gpus = frame["gpu"].nunique()
     row_px = max(3, min(18, 900 // max(gpus, 1)))
-    cells = frame[["gpu", "bucket", "util_gpu"]]  # only what is drawn: a smaller payload
+    cells = frame[["gpu", "bucket", "util_gpu"]].assign(end=bucket_ends(frame, domain))  # only what is drawn
     order = sorted(frame["gpu"].unique(), key=lambda g: (g.rsplit(":", 1)[0], int(g.rsplit(":", 1)[1] or 0)))
     return alt.Chart(cells).mark_rect().encode(
-        # One band per time bucket (ordinal): the buckets are already one per pixel column or so.
-        x=alt.X("yearmonthdatehoursminutesseconds(bucket):O", title=None,
-                axis=alt.Axis(labelOverlap=True, format="%H:%M", labelAngle=0)),
+        x=_x(domain), x2="end:T",
         y=alt.Y("gpu:N", sort=order, title=None, axis=alt.Axis(labelOverlap=True, labelFontSize=9)),
         color=alt.Color("util_gpu:Q", title="util %", scale=alt.Scale(domain=[0, 100], scheme="viridis")),
         tooltip=["gpu:N", "bucket:T", alt.Tooltip("util_gpu:Q", format=".0f")],
@@ -106,22 +151,151 @@ def find_stragglers(steps: pd.DataFrame) -> list[int]:
     return sorted(diagnosis.stragglers({int(rank): float(value) for rank, value in per_rank.items()}))
 
 
-def step_chart(steps: pd.DataFrame, stragglers: list[int], domain: Domain,
-               markers: pd.DataFrame) -> alt.LayerChart | alt.Chart:
-    frame = steps.assign(rank=steps["rank"].fillna(-1).astype(int),
-                         straggler=steps["rank"].isin(stragglers).map({True: "straggler", False: "ok"}))
-    lines = alt.Chart(frame).mark_line().encode(
-        x=_x(domain), y=alt.Y("duration_s:Q", title="step time (s)"), detail="rank:N",
-        color=alt.Color("straggler:N", scale=alt.Scale(domain=["ok", "straggler"], range=["#9ecae9", "#e45756"]),
-                        title=None),
-        strokeWidth=alt.condition(alt.datum.straggler == "straggler", alt.value(2.5), alt.value(1)),
-        tooltip=["rank:N", "bucket:T", alt.Tooltip("duration_s:Q", format=".3f"), "last_step:Q"],
-    ).properties(height=220, title="Step time per rank")
-    return _with_markers(lines, markers, domain)
+BAND_FROM_RANKS = 5
+"""From this many ranks the step chart is a band across ranks; up to four, a line per rank reads well."""
+BAND_QUANTILES = (0.1, 0.9)
+"""The band's edges: the 10th and 90th percentile of the ranks' step times in each bucket. Not the
+minimum and maximum, which a single slow rank would set; those ranks are drawn as lines instead."""
+MAX_OUTLIER_LINES = 8
+"""Most ranks drawn alone over the band, stragglers first: more lines would be the spaghetti the
+band replaces. The caption says how many more there were."""
 
 
-def metric_chart(frame: pd.DataFrame, name: str, domain: Domain) -> alt.Chart:
-    data = frame[frame["name"] == name].assign(rank=lambda f: f["rank"].fillna(-1).astype(int))
+@dataclass(frozen=True)
+class StepView:
+    """What the step chart draws: ``band`` (per bucket: ``low``, ``median``, ``high``, ``ranks``),
+    ``None`` with fewer than :data:`BAND_FROM_RANKS` ranks; ``lines``, the per-bucket rows of the ranks
+    drawn alone (every rank without a band, else ``outliers``); ``outliers``, the ranks outside the
+    band in drawing order, and ``hidden``, the further outliers not drawn."""
+
+    ranks: int
+    band: pd.DataFrame | None
+    lines: pd.DataFrame
+    outliers: list[int]
+    stragglers: list[int]
+    hidden: int = 0
+
+
+def _ranked(steps: pd.DataFrame) -> pd.DataFrame:
+    return steps.assign(rank=steps["rank"].fillna(-1).astype(int))
+
+
+def _merge_steps(steps: pd.DataFrame, most: int) -> pd.DataFrame:
+    """Steps with neighbouring buckets merged to at most ``most`` per rank, weighted by step count."""
+    if steps["bucket"].nunique() <= most:
+        return steps
+    weighted = steps.assign(total=steps["duration_s"] * steps["steps"])
+    how = {"total": "sum", "steps": "sum", "last_step": "max"}
+    merged = merge_buckets(weighted, ["rank"], most, how)
+    return merged.assign(duration_s=merged["total"] / merged["steps"]).drop(columns="total")
+
+
+def step_band(steps: pd.DataFrame) -> pd.DataFrame:
+    """Per bucket, across ranks: ``low``/``high`` (:data:`BAND_QUANTILES`), ``median`` and ``ranks``."""
+    grouped = steps.groupby("bucket")["duration_s"]
+    low, high = BAND_QUANTILES
+    return pd.DataFrame({"low": grouped.quantile(low), "median": grouped.median(), "high": grouped.quantile(high),
+                         "ranks": grouped.count()}).reset_index()
+
+
+def outside_band(steps: pd.DataFrame, band: pd.DataFrame,
+                 t: diagnosis.Thresholds = diagnosis.DEFAULT_THRESHOLDS) -> list[int]:
+    """Ranks far outside the band in at least one bucket, farthest first: by the straggler rule's
+    own thresholds, measured from the band's edge rather than the median, so the spread the band
+    already shows is never enough (at least ``straggler_ratio`` × the high edge and
+    ``straggler_min_s`` over it, or as far under the low edge)."""
+    rows = steps.merge(band[["bucket", "low", "high"]], on="bucket")
+    value, low, high = rows["duration_s"], rows["low"], rows["high"]
+    slow = (value >= t.straggler_ratio * high) & (value - high >= t.straggler_min_s)
+    fast = (value * t.straggler_ratio <= low) & (low - value >= t.straggler_min_s)
+    far = rows.assign(how_far=(value / high).where(slow, (low / value).where(fast)))
+    worst = far.dropna(subset=["how_far"]).groupby("rank")["how_far"].max()
+    return [int(rank) for rank in worst.sort_values(ascending=False, kind="stable").index]
+
+
+def step_view(steps: pd.DataFrame, stragglers: list[int], budget: int) -> StepView:
+    """The step chart's data within ``budget`` points: with many ranks the band across ranks and,
+    drawn alone, the stragglers (:func:`find_stragglers`, the one rule) then the ranks far outside
+    the band (:func:`outside_band`), at most :data:`MAX_OUTLIER_LINES`; with few ranks, every rank."""
+    frame = _ranked(steps)
+    ranks = frame["rank"].nunique()
+    if ranks < BAND_FROM_RANKS:
+        lines = _merge_steps(frame, points_per_series(budget, ranks, budget))
+        return StepView(ranks, None, lines, [], list(stragglers))
+    # Slowest stragglers first, so a cap drops the mildest; then the ranks outside the band, found
+    # on the buckets as read, before any merging could average a stall away.
+    weighted = frame.assign(total=frame["duration_s"] * frame["steps"]).groupby("rank")[["total", "steps"]].sum()
+    mean = (weighted["total"] / weighted["steps"]).to_dict()
+    slowest = sorted(stragglers, key=lambda rank: (-mean.get(rank, 0.0), rank))
+    everyone = list(dict.fromkeys([*slowest, *outside_band(frame, step_band(frame))]))
+    drawn = everyone[:MAX_OUTLIER_LINES]
+    frame = _merge_steps(frame, points_per_series(budget, len(drawn) + 1, budget))  # + 1: the band
+    lines = frame[frame["rank"].isin(drawn)]
+    return StepView(ranks, step_band(frame), lines, drawn, list(stragglers), len(everyone) - len(drawn))
+
+
+_STRAGGLER_COLOURS = alt.Scale(domain=["ok", "straggler"], range=["#9ecae9", "#e45756"])
+_OTHER_OUTLIER_COLOURS = ("#f58518", "#54a24b", "#b279a2", "#9d755d", "#eeca3b", "#ff9da6", "#72b7b2", "#4c78a8")
+
+
+def _outlier_label(rank: int, stragglers: Sequence[int]) -> str:
+    return f"rank {rank}" + (" (straggler)" if rank in stragglers else "")
+
+
+def _outlier_colours(view: StepView) -> alt.Scale:
+    """Stragglers red, as in the per-rank chart; the other ranks drawn alone in colours that are
+    neither red nor the band's blue, in the order they are listed."""
+    others = iter(_OTHER_OUTLIER_COLOURS)
+    labels = [_outlier_label(r, view.stragglers) for r in view.outliers]
+    colours = ["#e45756" if r in view.stragglers else next(others) for r in view.outliers]
+    return alt.Scale(domain=labels, range=colours)
+
+
+def step_chart(view: StepView, domain: Domain, overlay: alt.LayerChart | None) -> alt.LayerChart | alt.Chart:
+    """Few ranks: a line per rank, stragglers red. Many: the band (10th–90th percentile across
+    ranks) with its median, and the outlier ranks as lines over it."""
+    lines = view.lines.assign(
+        straggler=view.lines["rank"].isin(view.stragglers).map({True: "straggler", False: "ok"}),
+        label=view.lines["rank"].map(lambda r: _outlier_label(r, view.stragglers)))
+    tooltip = ["rank:N", "bucket:T", alt.Tooltip("duration_s:Q", format=".3f"), "last_step:Q"]
+    if view.band is None:
+        chart = alt.Chart(lines).mark_line().encode(
+            x=_x(domain), y=alt.Y("duration_s:Q", title="step time (s)"), detail="rank:N",
+            color=alt.Color("straggler:N", scale=_STRAGGLER_COLOURS, title=None),
+            strokeWidth=alt.condition(alt.datum.straggler == "straggler", alt.value(2.5), alt.value(1)),
+            tooltip=tooltip,
+        ).properties(height=220, title="Step time per rank")
+        return _with_markers(chart, overlay)
+    # Every layer names the shared y axis the same, so Vega-Lite does not list each field in its title.
+    y_title = "step time (s)"
+    low, high = (round(q * 100) for q in BAND_QUANTILES)
+    spread = f"{low}th–{high}th percentile"
+    base = alt.Chart(view.band).encode(x=_x(domain))
+    band_tooltip = ["bucket:T", alt.Tooltip("median:Q", format=".3f"),
+                    alt.Tooltip("low:Q", format=".3f", title=f"p{low}"),
+                    alt.Tooltip("high:Q", format=".3f", title=f"p{high}"), "ranks:Q"]
+    area = base.mark_area(opacity=0.35, color="#9ecae9", interpolate="step-after").encode(
+        y=alt.Y("low:Q", title=y_title), y2="high:Q", tooltip=band_tooltip)
+    median = base.mark_line(color="#3182bd", interpolate="step-after").encode(
+        y=alt.Y("median:Q", title=y_title), tooltip=band_tooltip)
+    layers: list[alt.Chart] = [area, median]
+    if not lines.empty:
+        layers.append(alt.Chart(lines).mark_line(interpolate="step-after").encode(
+            x=_x(domain), y=alt.Y("duration_s:Q", title=y_title), detail="rank:N",
+            color=alt.Color("label:N", title="drawn alone", scale=_outlier_colours(view)),
+            strokeWidth=alt.condition(alt.datum.straggler == "straggler", alt.value(2.5), alt.value(1.5)),
+            tooltip=tooltip))
+    title = alt.TitleParams(f"Step time across {view.ranks} ranks",
+                            subtitle=f"band: {spread} per bucket; dark line: median; lines: ranks outside the band")
+    chart = alt.LayerChart(layer=layers, height=220, title=title)
+    return _with_markers(chart, overlay)
+
+
+def metric_chart(frame: pd.DataFrame, name: str, domain: Domain, budget: int) -> alt.Chart:
+    """One metric, a line per rank that logs it, within ``budget`` points for the chart."""
+    data = frame.loc[frame["name"] == name, ["rank", "bucket", "step", "value"]].assign(
+        rank=lambda f: f["rank"].fillna(-1).astype(int))
+    data = fit_lines(data, ["rank"], budget, {"value": "mean", "step": "max"})
     return alt.Chart(data).mark_line().encode(
         x=alt.X("bucket:T", title=None, axis=alt.Axis(format="%H:%M", labelOverlap=True)),
         y=alt.Y("value:Q", title=name, scale=alt.Scale(zero=False)),

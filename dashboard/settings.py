@@ -39,7 +39,16 @@ class DashboardSettings(TomlTableSettings):
     """How long query results are reused; running jobs refresh at this pace too."""
     refresh_s: int = Field(10, ge=2, le=3600)
     chart_points: int = Field(600, ge=50, le=2000)
-    """Buckets per series: about a chart's width in pixels."""
+    """Time buckets of a single series (about a chart's width in pixels): the most any one series
+    gets, whatever the budgets below leave it."""
+    heatmap_cells: int = Field(8000, ge=500, le=100_000)
+    """Cells of the GPU heatmap (GPUs × time buckets): each GPU gets ``heatmap_cells // GPUs``
+    buckets (see :func:`points_per_series`). The per-node GPU lines are drawn from the same buckets
+    (the page reads GPUs once), and the step band is computed from a rank × bucket grid of the
+    same size, so the two share a time resolution when there is a rank per GPU."""
+    line_points: int = Field(4000, ge=500, le=50_000)
+    """Points of one line chart across all its lines (a node's GPUs, the step chart's band and
+    outlier ranks, a metric's ranks); neighbouring buckets are merged when a chart would exceed it."""
     low_util_percent: float = Field(30.0, ge=0, le=100)
     idle_util_percent: float = Field(5.0, ge=0, le=100)
 
@@ -50,6 +59,16 @@ class DashboardSettings(TomlTableSettings):
             return tuple(part.strip() for part in value.split(",") if part.strip())
         return value
 
+
+MIN_SERIES_POINTS = 8
+"""Fewest buckets a series is given however many share a budget: below this a GPU's row or a
+rank's line no longer shows a trend, so a very large job goes over its budget instead."""
+
+
+def points_per_series(budget: int, series: int, most: int) -> int:
+    """Time buckets per series when ``series`` series share ``budget`` points: ``budget // series``,
+    at most ``most`` (a single series' worth) and at least :data:`MIN_SERIES_POINTS`."""
+    return max(MIN_SERIES_POINTS, min(most, budget // max(series, 1)))
 
 
 def load_dashboard_settings(**overrides: Any) -> DashboardSettings:

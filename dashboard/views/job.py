@@ -43,7 +43,6 @@ if access.ref is None or access.job is None:
 ref, first = access.ref, access.job
 running = first["state"] == "running"
 every = dt.timedelta(seconds=settings.refresh_s) if running else None
-points = settings.chart_points
 
 
 def _domain(job: dict[str, Any]) -> charts.Domain:
@@ -82,19 +81,24 @@ def gpus() -> None:
     st.subheader("GPUs")
     job = data.open_job(viewer, ref.cluster, ref.job_id).job or first
     domain = _domain(job)
-    series = data.gpu_series(ref, points)
+    series = data.gpu_series(ref, settings.heatmap_cells, settings.chart_points)
     if series.empty:
         st.info("No GPU samples for this job: no node daemon or in-process sampler has reported yet.")
         return
     frame = charts.gpu_frame(series)
-    marks = data.markers(ref)
+    overlay = charts.marker_layer(data.markers(ref), domain)
     st.altair_chart(charts.gpu_heatmap(frame, domain), width="stretch", height=charts.heatmap_height(frame))
     nodes = sorted(frame["node"].dropna().unique())
     shown = st.multiselect("Nodes", nodes, default=nodes[:2], key="job_nodes")
-    for tab, metric in zip(st.tabs([t for t, _ in charts.GPU_METRICS.values()]), charts.GPU_METRICS, strict=True):
+    # Lazy tabs: only the open tab's charts are built and sent; the others are drawn when opened.
+    tabs = st.tabs([t for t, _ in charts.GPU_METRICS.values()], key="job_gpu_metric", on_change="rerun")
+    for tab, metric in zip(tabs, charts.GPU_METRICS, strict=True):
+        if tab.open is False:
+            continue
         with tab:
             for node in shown:
-                st.altair_chart(charts.gpu_lines(frame, metric, node, domain, marks), width="stretch")
+                st.altair_chart(charts.gpu_lines(frame, metric, node, domain, overlay, settings.line_points),
+                                width="stretch")
 
 
 @st.fragment(run_every=every)
@@ -102,8 +106,9 @@ def training() -> None:
     job = data.open_job(viewer, ref.cluster, ref.job_id).job or first
     domain = _domain(job)
     marks = data.markers(ref)
+    overlay = charts.marker_layer(marks, domain)
     st.subheader("Steps")
-    steps = data.step_series(ref, points)
+    steps = data.step_series(ref, settings.heatmap_cells, settings.chart_points)
     if steps.empty:
         st.info("No step timings: the training script has no jobsight callback, or has not finished a step.")
     else:
@@ -112,14 +117,20 @@ def training() -> None:
             ratio = diagnosis.DEFAULT_THRESHOLDS.straggler_ratio
             st.warning(f"Straggler rank(s): {', '.join(map(str, stragglers))} — mean step time at least "
                        f"{ratio:.2f}× the median rank's.")
-        st.altair_chart(charts.step_chart(steps, stragglers, domain, marks), width="stretch")
+        view = charts.step_view(steps, stragglers, settings.line_points)
+        st.altair_chart(charts.step_chart(view, domain, overlay), width="stretch")
+        if view.band is not None:
+            alone = ", ".join(f"{r}" + (" (straggler)" if r in stragglers else "") for r in view.outliers)
+            st.caption(f"{view.ranks} ranks: the band is their 10th–90th percentile step time in each bucket, the "
+                       f"dark line their median. Drawn alone: {alone or 'none, every rank stays near the band'}"
+                       + (f"; {view.hidden} more rank(s) outside the band not drawn." if view.hidden else "."))
         throughput = steps.groupby("bucket", as_index=False)[["samples", "duration_s"]].agg(
             {"samples": "sum", "duration_s": "mean"})
         if throughput["samples"].notna().any():
             st.caption("Throughput (samples per bucket, all ranks)")
             st.line_chart(throughput, x="bucket", y="samples", height=160)
     st.subheader("Training metrics")
-    metrics = data.metric_series(ref, points)
+    metrics = data.metric_series(ref, settings.line_points, settings.chart_points)
     if metrics.empty:
         st.info("No training metrics recorded for this job.")
         return
@@ -127,7 +138,7 @@ def training() -> None:
     columns = st.columns(min(3, len(names)))
     for index, name in enumerate(names):
         with columns[index % len(columns)]:
-            st.altair_chart(charts.metric_chart(metrics, name, domain), width="stretch")
+            st.altair_chart(charts.metric_chart(metrics, name, domain, settings.line_points), width="stretch")
     if not marks.empty:
         with st.expander(f"Timeline markers ({len(marks)})"):
             st.dataframe(marks, hide_index=True, width="stretch")

@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import psycopg
 import pytest
 import streamlit as st
 from streamlit.testing.v1 import AppTest
 
 from tests.conftest import REPO
-from tests.dashboard.seed import Seed, seed
+from tests.dashboard.seed import BigJob, Seed, seed, seed_big_job
 
 APP = str(REPO / "dashboard" / "app.py")
 
@@ -56,3 +58,11 @@ def texts(at: AppTest) -> str:
     for frame in at.dataframe:
         parts.append(frame.value.to_csv())
     return "\n".join(str(p) for p in parts)
+
+
+@pytest.fixture(scope="session")
+def big_job(database_url: str) -> BigJob:
+    """A running 64-GPU job (8 nodes × 8 GPUs, a rank per GPU, 30 minutes at 1 Hz, a straggler and
+    a one-minute stall) on a cluster of its own, so the seeded cluster's figures do not change."""
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        return seed_big_job(conn, f"big-{uuid.uuid4().hex[:8]}", "big-64", nodes=8)

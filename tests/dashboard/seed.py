@@ -143,3 +143,84 @@ def _running_job_series(conn: psycopg.Connection[Any], cluster: str, job: str, s
              Jsonb([{"rule": "input_bound", "message": "Rank 1 waits on the data loader for 40 % of each step."}]),
              trace),
         )
+
+
+@dataclass(frozen=True)
+class BigJob:
+    """A running many-GPU job written by :func:`seed_big_job`, with its known outliers."""
+
+    cluster: str
+    job_id: str
+    nodes: int
+    gpus_per_node: int
+    seconds: int
+    straggler: int
+    """The rank slow for the whole run (0.9 s a step against about 0.5 s): the rule's straggler."""
+    spike: int
+    """The rank that stalls for one minute (3 s steps) and is normal otherwise: far outside the band."""
+
+    @property
+    def gpus(self) -> int:
+        return self.nodes * self.gpus_per_node
+
+
+def seed_big_job(conn: psycopg.Connection[Any], cluster: str, job_id: str, *, nodes: int, gpus_per_node: int = 8,
+                 seconds: int = 1800, end: dt.datetime | None = None) -> BigJob:
+    """A running job on ``nodes`` × ``gpus_per_node`` GPUs, one rank per GPU: ``seconds`` of 1 Hz
+    samples on every GPU and a step a second on every rank up to ``end`` (now), the per-minute
+    rollup rebuilt as the ingest path would have it, and loss/lr metrics from rank 0.
+
+    Step times are 0.5 s with a small per-rank wobble; rank ``gpus // 2 + 1`` is slow all along
+    (a straggler by the rule) and rank ``gpus // 4`` stalls for one minute a third of the way in.
+    """
+    gpus = nodes * gpus_per_node
+    big = BigJob(cluster, job_id, nodes, gpus_per_node, seconds, straggler=gpus // 2 + 1, spike=gpus // 4)
+    end = (end or dt.datetime.now(UTC)).replace(microsecond=0)
+    start = end - dt.timedelta(seconds=seconds)
+    keeper = PartitionKeeper()
+    for table in PARTITIONED_TABLES:
+        keeper.ensure(conn, table, {start.date(), end.date()})
+    node_names = [f"{job_id}-n{n:03d}" for n in range(nodes)]
+    params = {"c": cluster, "j": job_id, "s": start, "last": seconds - 1, "gpus": gpus, "per": gpus_per_node,
+              "prefix": f"{job_id}-n", "straggler": big.straggler, "spike": big.spike,
+              "spike_from": seconds // 3, "spike_to": seconds // 3 + 60}
+    with conn.transaction():
+        conn.execute(
+            """INSERT INTO jobs (cluster, job_id, user_name, account, partition, name, nodes, node_count, gpus,
+                                 start_time, state, last_seen)
+               VALUES (%s, %s, 'alice', 'ml', 'gpu', 'big-pretrain', %s, %s, %s, %s, 'running', %s)""",
+            (cluster, job_id, node_names, nodes, [f"{n}:{g}" for n in node_names for g in range(gpus_per_node)],
+             start, end),
+        )
+        conn.execute(
+            """INSERT INTO gpu_samples (cluster, job_id, ts, node, gpu_index, gpu_uuid, gpu_name, util_gpu, util_mem,
+                                        mem_used, mem_total, power_w, energy_j, temp_c, lost)
+               SELECT %(c)s, %(j)s, %(s)s + make_interval(secs => t), %(prefix)s || lpad((g / %(per)s)::text, 3, '0'),
+                      (g %% %(per)s)::int2, 'GPU-' || g, 'NVIDIA H100', 60 + 35 * sin(t / 90.0 + g), 40,
+                      (40 + g %% 8) * 2^30, 80 * 2^30, 500 + (g %% 8) * 10, t * 500.0, 60 + g %% 8, false
+               FROM generate_series(0, %(last)s) t, generate_series(0, %(gpus)s - 1) g""",
+            params,
+        )
+        rebuild_minutes(conn, cluster, job_id)
+        conn.execute(
+            """INSERT INTO steps (cluster, job_id, ts, node, rank, pid, step, epoch, phase, duration_s, data_wait_s,
+                                  compute_s, samples)
+               SELECT %(c)s, %(j)s, %(s)s + make_interval(secs => t), %(prefix)s || lpad((r / %(per)s)::text, 3, '0'),
+                      r, 1000 + r, t, t / 600, 'train',
+                      CASE WHEN r = %(straggler)s THEN 0.9
+                           WHEN r = %(spike)s AND t >= %(spike_from)s AND t < %(spike_to)s THEN 3.0
+                           ELSE 0.5 + 0.02 * sin(t / 30.0 + r) END,
+                      0.05, 0.4, 32
+               FROM generate_series(0, %(last)s) t, generate_series(0, %(gpus)s - 1) r""",
+            params,
+        )
+        conn.execute(
+            """INSERT INTO metrics (cluster, job_id, ts, node, rank, pid, step, name, value)
+               SELECT %(c)s, %(j)s, %(s)s + make_interval(secs => t), %(prefix)s || '000', 0, 1000, t, m,
+                      CASE m WHEN 'loss' THEN 5.0 / (1 + t / 100.0) ELSE 0.001 END
+               FROM generate_series(0, %(last)s, 10) t, unnest(ARRAY['loss', 'lr']) m""",
+            params,
+        )
+    for table in ("gpu_samples", "gpu_minutes", "steps", "metrics"):
+        conn.execute(f"ANALYZE {table}")
+    return big

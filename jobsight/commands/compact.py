@@ -1,0 +1,83 @@
+"""``jobsight compact``: pack closed days of GPU samples into the packed tier now.
+
+The same pass the collector runs on its timer (:func:`jobsight.collector.compaction.run_pass`),
+against ``JOBSIGHT_DATABASE_URL``: ``--older-than 0s`` packs every day before today (UTC),
+``--older-than 3d`` the days that ended three days ago or earlier; without it, the days older
+than ``JOBSIGHT_HOT_DAYS``. If a collector is running a pass, this one waits for it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import logging
+import re
+import time
+
+from jobsight.cli import CliError
+
+_DURATION = re.compile(r"^(\d+(?:\.\d+)?)(s|m|h|d|w)$")
+_UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+WAIT_POLL_S = 5.0
+
+
+def parse_duration(text: str) -> dt.timedelta:
+    """``90s``, ``15m``, ``2h``, ``3d``, ``1w`` (one unit, no sign) as a timedelta."""
+    found = _DURATION.match(text.strip())
+    if found is None:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a duration like 0s, 90m, 2h, 3d or 1w")
+    return dt.timedelta(seconds=float(found.group(1)) * _UNIT_S[found.group(2)])
+
+
+def configure_parser(name: str, parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--older-than", type=parse_duration, metavar="DURATION",
+        help="pack the days that ended at least DURATION ago (0s: every day before today; "
+             "default: JOBSIGHT_HOT_DAYS days)",
+    )
+
+
+def run(name: str, args: argparse.Namespace) -> int:
+    import psycopg
+    from psycopg.rows import dict_row
+
+    from jobsight.collector import compaction, migrate
+    from jobsight.collector.partitions import PartitionKeeper
+    from jobsight.collector.settings import SettingsError
+    from jobsight.collector.tier_settings import load_tier_settings
+    from jobsight.commands.server import load_settings
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    settings = load_settings()
+    try:
+        tiers = load_tier_settings()
+    except SettingsError as exc:
+        raise CliError(str(exc)) from exc
+    if not settings.database_url:
+        raise CliError("JOBSIGHT_DATABASE_URL is not set")
+    older_than = args.older_than if args.older_than is not None else tiers.older_than()
+    try:
+        if not migrate.schema_is_current(settings.database_url):
+            raise CliError("the database schema is not current: run `jobsight migrate` first", code=1)
+        with psycopg.connect(migrate.libpq_url(settings.database_url), autocommit=True, row_factory=dict_row) as conn:
+            while True:
+                report = compaction.run_pass(
+                    conn, PartitionKeeper(), older_than=older_than,
+                    packed_retention_days=tiers.packed_retention(settings.retention_days),
+                )
+                if report.ran:
+                    break
+                print(f"another compaction pass is running; trying again in {WAIT_POLL_S:.0f} s")
+                time.sleep(WAIT_POLL_S)
+    except psycopg.Error as exc:
+        raise CliError(f"compaction failed: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}",
+                       code=1) from exc
+    for day in report.days:
+        print(f"{day.day}: {day.jobs} jobs, {day.samples:,} samples in {day.sample_blocks:,} blocks, "
+              f"{day.minutes:,} minutes packed; {day.raw_bytes / 2**20:,.1f} MiB of raw rows freed")
+    if not report.days:
+        cutoff = dt.datetime.now(dt.UTC) - older_than
+        print(f"nothing to pack: no day that ended by {cutoff:%Y-%m-%d %H:%M} UTC holds raw GPU rows")
+    for name in report.dropped:
+        print(f"dropped {name}")
+    return 0

@@ -1,0 +1,403 @@
+"""The compaction pass: the same data gives the same answers before and after, late samples for a
+packed day land and are merged, and the tiers' partitions come and go by their rules.
+
+Answers are compared exactly, except averages and sums of non-integer floats (listed in
+:data:`SUMS_OF_FLOATS`): the packed tier returns the same values, but a sum visits them in
+another order (hot rows in heap order, packed ones by block), and float addition is not
+associative, so the last bits may differ. Counts, extremes, buckets, times and flags are exact.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+import threading
+import time
+import uuid
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg.rows import dict_row
+
+from jobsight.cli import main as cli_main
+from jobsight.collector import audit_queries, compaction, migrate, queries, summaries
+from jobsight.collector.embedded_db import EmbeddedPostgres
+from jobsight.collector.partitions import PartitionKeeper, partition_name
+from jobsight.commands.report import format_report
+from tests.collector.helpers import gz, post
+from tests.conftest import create_database
+
+CLUSTER = "default"
+S = 1_000_000
+STEP_S = 10
+SUMS_OF_FLOATS = {"util_gpu", "util_mem", "power_w", "temp_c", "mean_util", "energy_kwh", "gpu_hours"}
+NOW = dt.datetime.now(dt.UTC)
+MIDNIGHT = dt.datetime.combine(NOW.date() - dt.timedelta(days=2), dt.time(), dt.UTC)
+"""Between the two packed days: the test job runs 23:00 to 01:00 around it, 2-3 days ago."""
+START = MIDNIGHT - dt.timedelta(hours=1)
+TICKS = 2 * 3600 // STEP_S
+
+
+def _us(t: dt.datetime) -> int:
+    return int((t - dt.datetime(1970, 1, 1, tzinfo=dt.UTC)) / dt.timedelta(microseconds=1))
+
+
+def _sample(job: str, tick: int, node: str, index: int, **values: Any) -> dict[str, Any]:
+    jitter_us = (tick * 7919) % 1500  # a node daemon's tick: the same for every GPU of the node
+    return {"kind": "gpu_sample", "job": job, "ts": _us(START) + tick * STEP_S * S + jitter_us, "node": node,
+            "gpu_index": index, "gpu_uuid": f"GPU-{node}-{index}", "gpu_name": "NVIDIA H100 80GB HBM3",
+            "lost": False, **values}
+
+
+def job_records(job: str) -> list[dict[str, Any]]:
+    """Two hours around midnight on three nodes: n1 two GPUs as NVML gives them (whole percents
+    and degrees, mW and mJ), n2 two MIG devices sampled at other times, n3 a GPU without energy
+    counter whose values are not whole numbers (the float8 fallback) and a duplicated tick."""
+    records: list[dict[str, Any]] = [
+        {"kind": "job_started", "job": job, "ts": _us(START), "node": "n1", "user": "alice", "account": "ml",
+         "partition": "gpu", "nodes": ["n1", "n2", "n3"], "gpus": ["0", "1"], "time_limit_s": 14400},
+    ]
+    for tick in range(TICKS):
+        busy = tick % 180 >= 12
+        for index in (0, 1):
+            power_mw = (610_000 + (tick * 7727 + index * 3001) % 90_000) if busy else 95_000 + tick % 7
+            records.append(_sample(
+                job, tick, "n1", index, util_gpu=float(100 - tick % 9 if busy else tick % 4),
+                util_mem=float(30 + (tick * 13 + index) % 20), mem_used=(70 + index) * 2**30 + (tick // 60) * 2**21,
+                mem_total=80 * 2**30, power_w=power_mw / 1000.0,
+                energy_j=(10**9 + index * 10**7 + tick * 650_123 * STEP_S) / 1000.0,
+                temp_c=float(60 + tick // 200 + index), sm_clock_mhz=1980 if tick % 50 else 1755, mem_clock_mhz=2619,
+                pcie_tx_kbs=(tick * 104_729) % 500_000, pcie_rx_kbs=(tick * 15_485_863) % 900_000,
+                throttle_reasons=0 if tick % 50 else 4, ecc_errors=0, process_count=1,
+                sm_active=round(70 + (tick * 37 % 2000) / 100, 2), tensor_active=40.25 + tick % 3,
+            ))
+        if tick % 3 == 0:  # n2's daemon ticks every 30 s, each MIG device its own row
+            for mig in ("MIG-a", "MIG-b"):
+                records.append({**_sample(job, tick, "n2", 0, util_gpu=float(tick % 101), mem_used=tick * 4096,
+                                          mem_total=40 * 2**30, power_w=None if tick % 7 == 0 else 250.5,
+                                          temp_c=-5.0 if tick % 11 == 0 else 41.0), "mig_uuid": mig})
+        # n3: values that no integer encoding keeps, an unsupported counter, a missing reading.
+        records.append(_sample(job, tick, "n3", 0, util_gpu=87.5 + (tick % 3) / 3,
+                               power_w=301.123456789 + tick % 5, temp_c=55.25, mem_used=None,
+                               sm_active=1 / 3 if tick % 2 else None))
+    records.append(_sample(job, 100, "n3", 0, util_gpu=12.0, power_w=280.0))  # a second sample at one time
+    records.append({"kind": "job_ended", "job": job, "ts": _us(START + dt.timedelta(hours=2)), "node": "n1",
+                    "exit_code": 0})
+    return records
+
+
+def late_part(records: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(on time, late): n1 GPU 0's samples of 23:40-23:45 and 00:20-00:21 arrive after the pass."""
+    def late(r: dict[str, Any]) -> bool:
+        if r["kind"] != "gpu_sample" or r["node"] != "n1" or r["gpu_index"] != 0:
+            return False
+        offset_s = (r["ts"] - _us(START)) / S
+        return 2400 <= offset_s < 2700 or 4800 <= offset_s < 4860
+    return [r for r in records if not late(r)], [r for r in records if late(r)]
+
+
+def _post_all(client: Any, records: list[dict[str, Any]]) -> None:
+    for i in range(0, len(records), 1000):
+        response = post(client, gz(records[i:i + 1000], source=f"test-{uuid.uuid4().hex[:8]}"))
+        assert response.status_code == 200, response.text
+
+
+RECENT = 660
+"""The last 180 ticks of the test job (3 samples a tick, 2 more every third tick): the latest
+samples are taken whole ticks at a time, as samples sharing a time come in no set order."""
+
+
+def snapshot(conn: psycopg.Connection[Any], client: Any, job: str) -> dict[str, Any]:
+    """Every answer a page, the report or the audit gets about the job. The audit's totals
+    are over every job of the period: compare them only at one moment."""
+    window = queries.series_range(conn, "gpu_samples", CLUSTER, job)
+    assert window is not None
+    period = (START - dt.timedelta(days=1), START + dt.timedelta(days=1))
+    now = START + dt.timedelta(days=1)
+    row = client.get(f"/v1/jobs/{job}").json()
+    answer = client.get(f"/v1/jobs/{job}/summary").json()
+    return {
+        "range": (window.start, window.end),
+        **{f"series_{points}": queries.gpu_series(conn, CLUSTER, job, points=points)
+           for points in (5000, 600, 40, 7)},  # 1.5 s to 17 min buckets: samples, then the rollup
+        "zoom": queries.gpu_series(conn, CLUSTER, job, start=MIDNIGHT - dt.timedelta(seconds=95),
+                                   end=MIDNIGHT + dt.timedelta(seconds=65), points=400),  # 0.4 s buckets
+        "zoom_rollup": queries.gpu_series(conn, CLUSTER, job, start=MIDNIGHT - dt.timedelta(minutes=47),
+                                          end=MIDNIGHT + dt.timedelta(minutes=31), points=20),
+        "api_gpu": client.get(f"/v1/jobs/{job}/gpu", params={"points": 300}).json()["series"],
+        "summary": summaries.compute_summary(conn, CLUSTER, job),
+        "stored_summary": answer["summary"],
+        "report": format_report(row, answer).replace(job, "JOB"),
+        "recent": Counter(tuple(r.values()) for r in queries.recent_gpu_samples(conn, CLUSTER, job, limit=RECENT)),
+        "jobs": [r for r in queries.list_jobs(conn, cluster=CLUSTER, limit=1000)[0] if r["job_id"] == job],
+        "audit_rows": [r for r in audit_queries.underused_allocations(conn, *period, below_percent=101, now=now)
+                       if r["job_id"] == job],
+        "audit": {
+            "totals": audit_queries.audit_totals(conn, *period, now=now),
+            **{group: audit_queries.gpu_hours_by(conn, group, *period, now=now)  # type: ignore[arg-type]
+               for group in ("user_name", "account", "partition")},
+            "underused": audit_queries.underused_allocations(conn, *period, below_percent=101, now=now),
+            "trend": audit_queries.daily_trend(conn, *period, now=now),
+        },
+    }
+
+
+def assert_same(a: Any, b: Any, path: str = "", key: str = "") -> None:
+    if isinstance(a, dict) and isinstance(b, dict):
+        assert a.keys() == b.keys(), path
+        for k in a:
+            assert_same(a[k], b[k], f"{path}.{k}", str(k))
+    elif isinstance(a, list | tuple) and isinstance(b, list | tuple):
+        assert len(a) == len(b), path
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
+            assert_same(x, y, f"{path}[{i}]", key)
+    elif isinstance(a, float) and isinstance(b, float) and key in SUMS_OF_FLOATS:
+        assert math.isclose(a, b, rel_tol=1e-12), f"{path}: {a} != {b}"
+    else:
+        assert a == b, f"{path}: {a!r} != {b!r}"
+
+
+def _without_job(value: Any, job: str) -> Any:
+    """The answers about one job, comparable with another's: its id replaced, and the totals over
+    every job and the collector's own clock (last_seen) left out."""
+    if isinstance(value, dict):
+        return {k: _without_job(v, job) for k, v in value.items() if k not in ("last_seen", "first_seen", "audit")}
+    if isinstance(value, list):
+        return [_without_job(v, job) for v in value]
+    return "JOB" if value == job else value
+
+
+@pytest.fixture(scope="module")
+def tier_url(postgres: EmbeddedPostgres) -> str:
+    """A database of its own: a pass packs every job's closed days, not just this module's."""
+    url = create_database(postgres, f"tiers_{uuid.uuid4().hex[:8]}")
+    migrate.upgrade(url)
+    return url
+
+
+@pytest.fixture
+def tier_client(tier_url: str, data_dir: Path, admin_token: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    from fastapi.testclient import TestClient
+
+    from jobsight.collector.app import create_app
+    from jobsight.collector.settings import load_collector_settings
+
+    monkeypatch.setenv("JOBSIGHT_COMPACT_INTERVAL_S", "0")  # passes run when the test says
+    with TestClient(create_app(load_collector_settings(database_url=tier_url, data_dir=data_dir))) as client:
+        client.headers["Authorization"] = f"Bearer {admin_token}"
+        yield client
+
+
+def _pass(conn: psycopg.Connection[Any], **kwargs: Any) -> compaction.PassReport:
+    options: dict[str, Any] = {"older_than": dt.timedelta(0), "packed_retention_days": 0, **kwargs}
+    return compaction.run_pass(conn, PartitionKeeper(), **options)
+
+
+def _rows(conn: psycopg.Connection[Any], table: str, day: dt.date) -> int:
+    found = conn.execute(f"SELECT count(*) AS n FROM {partition_name(table, day)}").fetchone()
+    return int(found["n"]) if found else 0
+
+
+def test_same_answers_before_and_after_and_late_samples_merge(tier_client: Any, tier_url: str) -> None:
+    packed, reference = f"p-{uuid.uuid4().hex[:8]}", f"r-{uuid.uuid4().hex[:8]}"
+    on_time, late = late_part(job_records(packed))
+    _post_all(tier_client, on_time)
+    _post_all(tier_client, job_records(reference))  # every sample on time: what the packed job must match
+    days = [START.date(), MIDNIGHT.date()]
+    with psycopg.connect(tier_url, autocommit=True, row_factory=dict_row) as conn:
+        before = snapshot(conn, tier_client, packed)
+        expected = _without_job(snapshot(conn, tier_client, reference), reference)
+        raw_bytes = conn.execute("SELECT pg_total_relation_size(%s) AS n", (partition_name("gpu_samples", days[0]),))
+        assert raw_bytes.fetchone()["n"] > 100_000
+
+        report = _pass(conn)
+        assert [d.day for d in report.days] == days and {d.jobs for d in report.days} == {2}
+        samples = [r for r in on_time + job_records(reference) if r["kind"] == "gpu_sample"]
+        assert sum(d.samples for d in report.days) == len(samples)
+        for day in days:  # the raw partitions are empty (their files given back) but still there
+            for table in compaction.RAW_TABLES:
+                assert _rows(conn, table, day) == 0
+                size = conn.execute("SELECT pg_relation_size(%s) AS n", (partition_name(table, day),))
+                assert size.fetchone()["n"] == 0
+        assert conn.execute("SELECT count(*) AS n FROM gpu_sample_blocks").fetchone()["n"] > 0
+        assert conn.execute("SELECT count(*) AS n FROM pg_trigger WHERE tgname = %s",
+                            (compaction.REFUSING_TRIGGER,)).fetchone()["n"] == 0
+        assert_same(snapshot(conn, tier_client, packed), before)
+
+        # The late samples arrive after the pass (an outage replayed): they land in the raw
+        # partitions, the job's summary is recomputed over both tiers, every answer counts them.
+        _post_all(tier_client, late)
+        assert _rows(conn, "gpu_samples", days[0]) == sum(1 for r in late if r["ts"] < _us(MIDNIGHT))
+        assert_same(_without_job(snapshot(conn, tier_client, packed), packed), expected)
+
+        report = _pass(conn)  # the next pass merges them into the packed hours they belong to
+        assert [d.day for d in report.days] == days and {d.jobs for d in report.days} == {1}
+        assert all(_rows(conn, t, d) == 0 for t in compaction.RAW_TABLES for d in days)
+        assert_same(_without_job(snapshot(conn, tier_client, packed), packed), expected)
+        assert _pass(conn).days == []
+
+
+def test_a_day_being_packed_refuses_late_rows_with_a_retry(tier_client: Any, tier_url: str) -> None:
+    """While a pass packs a day, a batch for that day is answered 503 (its agent sends it again)
+    and the other batches of the moment are stored; the pass lifts the refusal when it ends,
+    and a pass that died before lifting it is cleaned up by the next one."""
+    job = f"l-{uuid.uuid4().hex[:8]}"
+    day = (NOW - dt.timedelta(days=4)).date()
+    late = [_sample(job, 0, "n1", 0, util_gpu=50.0) | {"ts": _us(dt.datetime.combine(day, dt.time(12), dt.UTC))}]
+    today = [_sample(job, 0, "n1", 0, util_gpu=60.0) | {"ts": _us(NOW - dt.timedelta(minutes=1))}]
+    keeper = PartitionKeeper()
+    with psycopg.connect(tier_url, autocommit=True, row_factory=dict_row) as conn:
+        keeper.ensure(conn, "gpu_samples", [day])
+        keeper.ensure(conn, "gpu_minutes", [day])
+        for table in compaction.RAW_TABLES:  # what compact_day does first, left behind by a killed pass
+            conn.execute(compaction._REFUSE_ROWS.format(compaction.REFUSING_TRIGGER, partition_name(table, day)))
+        refused = post(tier_client, gz(late, source="late-source", seq=1))
+        assert refused.status_code == 503 and "Retry-After" in refused.headers
+        assert post(tier_client, gz(today)).status_code == 200
+
+        _pass(conn, older_than=dt.timedelta(days=30))  # packs nothing, lifts the stray refusal
+        assert post(tier_client, gz(late, source="late-source", seq=1)).status_code == 200
+        assert _rows(conn, "gpu_samples", day) == 1
+
+
+def test_one_pass_at_a_time(tier_url: str) -> None:
+    with psycopg.connect(tier_url, autocommit=True) as holder, \
+            psycopg.connect(tier_url, autocommit=True, row_factory=dict_row) as conn:
+        holder.execute("SELECT pg_advisory_lock(%s)", (compaction.COMPACTION_LOCK_KEY,))
+        assert _pass(conn).ran is False
+        holder.execute("SELECT pg_advisory_unlock(%s)", (compaction.COMPACTION_LOCK_KEY,))
+        assert _pass(conn).ran is True
+
+
+def _raw_samples(conn: psycopg.Connection[Any], job: str, day: dt.date, hours: int = 2) -> None:
+    """Rows written around the ingest path, as a bulk load does (with their rollup)."""
+    from jobsight.collector.rollup import rebuild_minutes
+
+    keeper = PartitionKeeper()
+    keeper.ensure(conn, "gpu_samples", [day])
+    keeper.ensure(conn, "gpu_minutes", [day])
+    conn.execute(
+        """INSERT INTO gpu_samples (cluster, job_id, ts, node, gpu_index, gpu_uuid, util_gpu, power_w, energy_j)
+           SELECT %(c)s, %(j)s, %(t)s + make_interval(secs => t), 'n1', g, 'GPU-' || g, t %% 100, 300 + g,
+                  1000 + t * 300
+           FROM generate_series(0, %(n)s - 1, 10) t, generate_series(0, 1) g""",
+        {"c": CLUSTER, "j": job, "t": dt.datetime.combine(day, dt.time(6), dt.UTC), "n": hours * 3600},
+    )
+    rebuild_minutes(conn, CLUSTER, job)
+
+
+def test_hot_days_stay_row_per_sample(tier_url: str) -> None:
+    job = f"h-{uuid.uuid4().hex[:8]}"
+    day = (NOW - dt.timedelta(days=5)).date()
+    day_end = dt.datetime.combine(day + dt.timedelta(days=1), dt.time(), dt.UTC)
+    with psycopg.connect(tier_url, autocommit=True, row_factory=dict_row) as conn:
+        _raw_samples(conn, job, day)
+        hot = _pass(conn, older_than=dt.timedelta(days=1), now=day_end + dt.timedelta(hours=23))
+        assert day not in [d.day for d in hot.days] and _rows(conn, "gpu_samples", day) == 1440
+        packed = _pass(conn, older_than=dt.timedelta(days=1), now=day_end + dt.timedelta(hours=24))
+        assert day in [d.day for d in packed.days] and _rows(conn, "gpu_samples", day) == 0
+
+
+def test_each_tier_keeps_its_partitions_by_its_own_rules(tier_url: str) -> None:
+    """Raw partitions of a packed day stay while a late record could still reach them, and go
+    (empty) after; packed partitions go after the packed tier's retention; a raw partition
+    that still holds rows is never dropped for being old, it is packed first."""
+    job = f"t-{uuid.uuid4().hex[:8]}"
+    old_day = (NOW - dt.timedelta(days=20)).date()
+    recent_day = (NOW - dt.timedelta(days=6)).date()
+    expired_day = (NOW - dt.timedelta(days=200)).date()
+    keeper = PartitionKeeper()
+    with psycopg.connect(tier_url, autocommit=True, row_factory=dict_row) as conn:
+        _raw_samples(conn, job, old_day)
+        _raw_samples(conn, job, recent_day)
+        for table in ("gpu_sample_blocks", "gpu_sample_timelines", "gpu_minute_blocks"):
+            keeper.ensure(conn, table, [expired_day])
+        report = _pass(conn, packed_retention_days=180)
+        assert {old_day, recent_day} <= {d.day for d in report.days}
+        gone = set(report.dropped)
+        assert {partition_name(t, old_day) for t in compaction.RAW_TABLES} <= gone
+        assert not {partition_name(t, recent_day) for t in compaction.RAW_TABLES} & gone
+        assert partition_name("gpu_sample_blocks", expired_day) in gone
+        assert partition_name("gpu_sample_blocks", old_day) not in gone
+        series = queries.gpu_series(conn, CLUSTER, job, points=5000)
+        assert sum(r["samples"] for r in series) == 2 * 1440
+
+
+def test_the_command_packs_now(tier_url: str, monkeypatch: pytest.MonkeyPatch,
+                               capsys: pytest.CaptureFixture[str]) -> None:
+    job = f"c-{uuid.uuid4().hex[:8]}"
+    day = (NOW - dt.timedelta(days=3)).date()
+    monkeypatch.setenv("JOBSIGHT_DATABASE_URL", tier_url)
+    with psycopg.connect(tier_url, autocommit=True, row_factory=dict_row) as conn:
+        _raw_samples(conn, job, day)
+        assert cli_main(["compact", "--older-than", "4d"]) == 0
+        assert _rows(conn, "gpu_samples", day) == 1440
+        assert cli_main(["compact", "--older-than", "0s"]) == 0
+        assert _rows(conn, "gpu_samples", day) == 0
+    said = capsys.readouterr().out
+    assert "nothing to pack" in said and f"{day}: 1 jobs, 1,440 samples in 4 blocks" in said
+    with pytest.raises(SystemExit) as refused:
+        cli_main(["compact", "--older-than", "3 days"])
+    assert refused.value.code == 2
+
+
+def test_a_pass_and_ingest_at_once(tier_client: Any, tier_url: str) -> None:
+    """Batches keep being stored (today's and late ones) while passes run."""
+    job = f"x-{uuid.uuid4().hex[:8]}"
+    day = (NOW - dt.timedelta(days=5)).date()
+    base = dt.datetime.combine(day, dt.time(3), dt.UTC)
+    errors: list[BaseException] = []
+
+    def passes() -> None:
+        try:
+            with psycopg.connect(tier_url, autocommit=True, row_factory=dict_row) as conn:
+                for _ in range(3):
+                    _pass(conn)
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    worker = threading.Thread(target=passes)
+    worker.start()
+    sent = 0
+    for batch in range(12):
+        records = [_sample(job, 0, "n1", 0, util_gpu=float(i % 100))
+                   | {"ts": _us(base + dt.timedelta(seconds=batch * 100 + i))} for i in range(100)]
+        for _ in range(300):  # a 503 is sent again, as the agent does
+            response = post(tier_client, gz(records, source="x-source", seq=batch + 1))
+            if response.status_code != 503:
+                break
+            time.sleep(0.05)
+        assert response.status_code == 200, response.text
+        sent += len(records)
+    worker.join()
+    assert not errors
+    with psycopg.connect(tier_url, autocommit=True, row_factory=dict_row) as conn:
+        _pass(conn)
+        series = queries.gpu_series(conn, CLUSTER, job, points=5000)
+    assert sum(r["samples"] for r in series) == sent
+
+
+def test_downgrade_puts_packed_rows_back(empty_database_url: str) -> None:
+    """Migration 0004's downgrade unpacks the packed tier into gpu_samples and gpu_minutes (making
+    their partitions again) before it drops the packed tables."""
+    job = f"d-{uuid.uuid4().hex[:8]}"
+    day = (NOW - dt.timedelta(days=40)).date()
+    migrate.upgrade(empty_database_url)
+    columns = "ts, node, gpu_index, gpu_uuid, util_gpu, power_w, energy_j"
+    with psycopg.connect(empty_database_url, autocommit=True, row_factory=dict_row) as conn:
+        _raw_samples(conn, job, day)
+        samples = conn.execute(f"SELECT {columns} FROM gpu_samples ORDER BY ts, gpu_index").fetchall()
+        minutes = conn.execute("SELECT * FROM gpu_minutes ORDER BY ts, gpu_index").fetchall()
+        _pass(conn)
+        assert conn.execute("SELECT to_regclass(%s) AS t", (partition_name("gpu_samples", day),)).fetchone() == {
+            "t": None}
+    migrate.downgrade(empty_database_url, "0003")
+    with psycopg.connect(empty_database_url, autocommit=True, row_factory=dict_row) as conn:
+        assert conn.execute(f"SELECT {columns} FROM gpu_samples ORDER BY ts, gpu_index").fetchall() == samples
+        assert conn.execute("SELECT * FROM gpu_minutes ORDER BY ts, gpu_index").fetchall() == minutes
+    migrate.upgrade(empty_database_url)
+    assert migrate.autogenerate_diff(empty_database_url) == []

@@ -1,0 +1,226 @@
+"""The packed format keeps every column (exactly, but for the GPM ratios), and the job page's plans
+read the rollup or the packed tier, never raw samples, for a long job."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg.rows import dict_row
+
+from jobsight.collector import compaction, migrate, queries, schema, tiers
+from jobsight.collector.embedded_db import EmbeddedPostgres
+from jobsight.collector.packed_format import DEVICE_COLUMNS, ENCODINGS
+from jobsight.collector.partitions import PartitionKeeper
+from jobsight.collector.rollup import rebuild_minutes
+from tests.conftest import create_database
+
+CLUSTER = "default"
+DAY = dt.date.today() - dt.timedelta(days=30)
+T0 = dt.datetime.combine(DAY, dt.time(10), dt.UTC)
+MEASURES = tuple(ENCODINGS)
+GPM = ("sm_active", "tensor_active")
+
+
+@pytest.fixture(scope="module")
+def url(postgres: EmbeddedPostgres) -> Iterator[str]:
+    name = f"packed_{uuid.uuid4().hex[:8]}"
+    url = create_database(postgres, name)
+    migrate.upgrade(url)
+    yield url
+    with psycopg.connect(url.rsplit("/", 1)[0] + "/postgres", autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
+
+
+def _pass(conn: psycopg.Connection[Any]) -> compaction.PassReport:
+    return compaction.run_pass(conn, PartitionKeeper(), older_than=dt.timedelta(0), packed_retention_days=0)
+
+
+def test_every_column_has_a_place() -> None:
+    """A column added to gpu_samples or gpu_minutes must be given an encoding here too."""
+    raw = [c.name for c in schema.gpu_samples.columns]
+    assert raw == ["cluster", "job_id", "ts", "node", "gpu_index", "gpu_uuid", "gpu_name", "mig_uuid", *MEASURES]
+    assert set(DEVICE_COLUMNS) == {c.name for c in schema.gpu_devices.columns} - {"id"}
+    stored = [c for e in ENCODINGS.values() for c in e.stored]
+    blocks = [c.name for c in schema.gpu_sample_blocks.columns]
+    assert blocks == ["cluster", "job_id", "ts", "device", "timeline", "samples", "first_ts", "last_ts", *stored]
+    assert set(compaction.MINUTE_MERGE) == set(tiers.MINUTE_VALUES)
+    assert [c.name for c in schema.gpu_minute_blocks.columns] == [*schema.MINUTE_KEY, "minute_ts", *tiers.MINUTE_VALUES]
+
+
+EDGES = [
+    # whole values in every encoding's range, and their extremes
+    {"util_gpu": 0.0, "util_mem": 100.0, "mem_used": 0, "mem_total": 2**63 - 1, "power_w": 0.001, "energy_j": 0.0,
+     "temp_c": -273.0, "sm_clock_mhz": -(2**31), "mem_clock_mhz": 2**31 - 1, "pcie_tx_kbs": 0, "pcie_rx_kbs": 7,
+     "throttle_reasons": -(2**63), "ecc_errors": 2**40, "process_count": 0, "sm_active": 99.99,
+     "tensor_active": 0.01, "lost": False},
+    {"util_gpu": 100.0, "util_mem": None, "mem_used": None, "power_w": 99999.999, "energy_j": 4294967.295,
+     "temp_c": 1000.0, "lost": True},
+    {"util_gpu": 37.0, "power_w": 512.5, "energy_j": 1.5, "temp_c": 20.0, "sm_active": 0.0},
+]
+ODD = [
+    # values no integer encoding keeps: the block falls back to float8 for that column
+    {"util_gpu": 12.345678901, "util_mem": 1 / 3, "power_w": 300.0001234, "energy_j": 123.4567, "temp_c": 36.6,
+     "sm_active": 327.68, "tensor_active": -400.0},
+    {"util_gpu": 5.0, "power_w": 1e-300, "energy_j": 5e12, "temp_c": 2.5e-5},
+    {"energy_j": 0.001},  # a counter reset inside the hour: 5e12 J to 0 spans more than int4 mJ
+]
+
+
+def _insert(conn: psycopg.Connection[Any], job: str, rows: list[dict[str, Any]], node: str | None,
+            mig: str | None = None, name: str | None = "NVIDIA A100", at: dt.datetime = T0) -> None:
+    for i, values in enumerate(rows):
+        columns = ["cluster", "job_id", "ts", "node", "gpu_index", "gpu_uuid", "gpu_name", "mig_uuid", *values]
+        conn.execute(
+            f"INSERT INTO gpu_samples ({', '.join(columns)}) VALUES ({', '.join(['%s'] * len(columns))})",
+            [CLUSTER, job, at + dt.timedelta(seconds=i, microseconds=i * 123), node, 3, "GPU-x", name, mig,
+             *values.values()],
+        )
+
+
+def _raw(conn: psycopg.Connection[Any], job: str) -> list[dict[str, Any]]:
+    return conn.execute(
+        f"SELECT {', '.join(tiers.SAMPLE_KEY + MEASURES)} FROM gpu_samples WHERE job_id = %(job)s",
+        {"job": job},
+    ).fetchall()
+
+
+def _both(conn: psycopg.Connection[Any], job: str) -> list[dict[str, Any]]:
+    return conn.execute(f"SELECT * FROM {tiers.samples(MEASURES)} s", {"job": job, "cluster": CLUSTER}).fetchall()
+
+
+def _key(row: dict[str, Any]) -> str:
+    return json.dumps({k: v for k, v in row.items() if k not in GPM}, default=str, sort_keys=True)
+
+
+def test_every_value_comes_back(url: str) -> None:
+    """Every column of every sample, NULLs and extremes included, comes back bit for bit from the
+    packed tier (the GPM ratios: to the nearest hundredth of a point)."""
+    job = f"edges-{uuid.uuid4().hex[:8]}"
+    keeper = PartitionKeeper()
+    with psycopg.connect(url, autocommit=True, row_factory=dict_row) as conn:
+        keeper.ensure(conn, "gpu_samples", [DAY])
+        keeper.ensure(conn, "gpu_minutes", [DAY])
+        _insert(conn, job, EDGES, "n1")
+        _insert(conn, job, ODD, "n1", mig="MIG-1")  # another device: its own block and fallbacks
+        _insert(conn, job, EDGES[:1], None, name=None)  # no node, no name, and one time twice
+        _insert(conn, job, [{**EDGES[0], "util_gpu": 99.0}], None, name=None)
+        _insert(conn, job, [{"util_gpu": 1.0}], "n2", at=T0 + dt.timedelta(hours=1, minutes=59))
+        before = _raw(conn, job)
+        assert sorted(map(_key, _both(conn, job))) == sorted(map(_key, before))
+        _pass(conn)
+        assert conn.execute("SELECT count(*) AS n FROM gpu_samples WHERE job_id = %s", (job,)).fetchone()["n"] == 0
+        blocks = conn.execute(
+            "SELECT power_mw IS NULL AS float_power, energy_j_f IS NOT NULL AS float_energy, samples"
+            " FROM gpu_sample_blocks WHERE job_id = %s ORDER BY device, ts", (job,)
+        ).fetchall()
+        kept_as = {(b["float_power"], b["float_energy"]) for b in blocks}
+        assert {(False, False), (True, True)} <= kept_as  # mW and mJ where exact, float8 where not
+        after = _both(conn, job)
+    assert sorted(map(_key, after)) == sorted(map(_key, before))
+    by_key = {_key(r): r for r in before}
+    for row in after:
+        for column in GPM:
+            kept, was = row[column], by_key[_key(row)][column]
+            assert (kept is None) == (was is None)
+            if was is not None and abs(was) <= 327:
+                assert abs(kept - was) <= 0.005 + 1e-9, (column, was, kept)
+            elif was is not None:
+                assert kept == was  # out of the int2 range: the block keeps float8
+
+
+GPUS, NODES, STEP_S = 64, 8, 30
+"""A 64-GPU, 24-hour job; one sample every 30 s is enough to plan the job page's queries."""
+
+
+def _long_job(conn: psycopg.Connection[Any], job: str, start: dt.datetime) -> None:
+    keeper = PartitionKeeper()
+    days = [start.date(), start.date() + dt.timedelta(days=1)]
+    keeper.ensure(conn, "gpu_samples", days)
+    keeper.ensure(conn, "gpu_minutes", days)
+    conn.execute(
+        """INSERT INTO gpu_samples (cluster, job_id, ts, node, gpu_index, gpu_uuid, util_gpu, mem_used, power_w,
+                                    energy_j, temp_c)
+           SELECT %(c)s, %(j)s, %(s)s + make_interval(secs => t), 'node' || (g / 8), (g %% 8)::int2, 'GPU-' || g,
+                  (t / 30 %% 100)::float8, 2^34::bigint, 300 + t %% 50, 1e6 + t * 300.0, 60
+           FROM generate_series(0, 86400 - 1, %(step)s) t, generate_series(0, %(gpus)s - 1) g""",
+        {"c": CLUSTER, "j": job, "s": start, "step": STEP_S, "gpus": GPUS},
+    )
+    rebuild_minutes(conn, CLUSTER, job)
+    conn.execute("ANALYZE gpu_samples")
+    conn.execute("ANALYZE gpu_minutes")
+
+
+def _relations(plan: Any) -> list[tuple[str, float]]:
+    """(relation, rows it returned) for every scan in an EXPLAIN (ANALYZE, FORMAT JSON) plan."""
+    found: list[tuple[str, float]] = []
+    if isinstance(plan, dict):
+        if "Relation Name" in plan:
+            found.append((plan["Relation Name"], plan.get("Actual Rows", 0) * plan.get("Actual Loops", 1)))
+        for value in plan.values():
+            found += _relations(value)
+    elif isinstance(plan, list):
+        for value in plan:
+            found += _relations(value)
+    return found
+
+
+def _plans(conn: psycopg.Connection[Any], job: str, **window: Any) -> list[list[tuple[str, float]]]:
+    """The scans of each statement gpu_series runs (it stops at the first that returns rows)."""
+    plans = []
+    for query, params in queries.gpu_series_statements(conn, CLUSTER, job, **window):
+        plan = conn.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + query, params).fetchone()
+        assert plan is not None
+        plans.append(_relations(plan["QUERY PLAN"]))
+        if conn.execute(query, params).fetchone() is not None:
+            break
+    return plans
+
+
+def test_the_job_page_of_a_long_job_reads_no_raw_samples(url: str) -> None:
+    """64 GPUs for 24 hours: the page's GPU series (600 points, 144 s buckets) comes from the
+    rollup while the job is hot and from the packed minutes once packed; a raw-detail zoom of a
+    packed job reads packed blocks only."""
+    job = f"long-{uuid.uuid4().hex[:8]}"
+    start = dt.datetime.combine(DAY - dt.timedelta(days=3), dt.time(6), dt.UTC)
+    with psycopg.connect(url, autocommit=True, row_factory=dict_row) as conn:
+        _long_job(conn, job, start)
+        hot = _plans(conn, job, points=600)
+        assert len(hot) == 1 and any(r.startswith("gpu_minutes_p") for r, _ in hot[0])
+        assert not any(r.startswith("gpu_samples") for r, _ in hot[0])
+
+        _pass(conn)  # a month old: packed, and its raw partitions dropped
+        packed = _plans(conn, job, points=600)
+        assert len(packed) == 1 and any(r.startswith("gpu_minute_blocks_p") for r, _ in packed[0])
+        assert not any(r.startswith(("gpu_samples", "gpu_minutes_p")) for r, _ in packed[0])
+        zoom = _plans(conn, job, start=start + dt.timedelta(hours=5), end=start + dt.timedelta(hours=5, minutes=10),
+                      points=600)  # 1 s buckets: the samples themselves
+        assert len(zoom) == 1 and any(r.startswith("gpu_sample_blocks_p") for r, _ in zoom[0])
+        assert not any(r.startswith(("gpu_samples", "gpu_minutes")) for r, _ in zoom[0])
+        rows = queries.gpu_series(conn, CLUSTER, job, start=start + dt.timedelta(hours=5),
+                                  end=start + dt.timedelta(hours=5, minutes=10), points=600)
+        assert sum(r["samples"] for r in rows) == GPUS * (600 // STEP_S + 1)
+
+
+def test_a_late_sample_of_a_packed_day_is_read_with_it(url: str) -> None:
+    """Until the next pass, a late sample sits in the (emptied) raw partition: the plan reads it
+    there, beside the packed tier, and reads nothing else from the raw tier."""
+    job = f"late-{uuid.uuid4().hex[:8]}"
+    day = dt.date.today() - dt.timedelta(days=3)
+    start = dt.datetime.combine(day - dt.timedelta(days=1), dt.time(6), dt.UTC)
+    with psycopg.connect(url, autocommit=True, row_factory=dict_row) as conn:
+        _long_job(conn, job, start)
+        _pass(conn)
+        late = start + dt.timedelta(hours=20, seconds=7)
+        _insert(conn, job, [{"util_gpu": 50.0}], "node0", at=late)
+        window = {"start": late - dt.timedelta(minutes=5), "end": late + dt.timedelta(minutes=5), "points": 600}
+        scans = _plans(conn, job, **window)[-1]
+        raw_rows = sum(rows for relation, rows in scans if relation.startswith("gpu_samples"))
+        assert raw_rows == 1
+        rows = queries.gpu_series(conn, CLUSTER, job, **window)
+        assert sum(r["samples"] for r in rows) == GPUS * (600 // STEP_S) + 1
