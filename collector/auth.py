@@ -77,9 +77,19 @@ def ensure_admin_token(path: Path) -> str:
         return path.read_text(encoding="utf-8").strip()
     path.parent.mkdir(parents=True, exist_ok=True)
     token = "jsa_" + secrets.token_urlsafe(32)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "w", encoding="utf-8") as handle:
-        handle.write(token + "\n")
+    # Written whole under a private name, then linked into place: with --workers N every
+    # process starts here at once, and each must end with the one token that won, never a
+    # half-written file or a start-up crash on the loser's side.
+    draft = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}")
+    fd = os.open(draft, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(token + "\n")
+        os.link(draft, path)
+    except FileExistsError:
+        return path.read_text(encoding="utf-8").strip()
+    finally:
+        draft.unlink(missing_ok=True)
     return token
 
 

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from jobsight.collector.auth import ensure_admin_token
 from jobsight.protocol.tokens import mint_job_token, mint_node_token
 from jobsight.protocol.wire import encode_batch, now_us
 from tests.collector.helpers import SECRET, next_seq, post
@@ -186,3 +189,21 @@ def test_missing_secret_is_logged(database_url: str, tmp_path: Path, caplog: pyt
     with caplog.at_level("WARNING", logger="jobsight.collector"):
         create_app(settings)
     assert "job and node tokens will not be accepted" in caplog.text
+
+
+def _admin_token_in_child(path: str, start: float) -> str:
+    time.sleep(max(0.0, start - time.time()))  # every child at the same instant, as workers start
+    return ensure_admin_token(Path(path))
+
+
+def test_workers_starting_at_once_share_one_admin_token(tmp_path: Path) -> None:
+    """Every --workers process creates the token if absent: they race, and all must come out
+    with the same whole token (the loser used to crash with FileExistsError)."""
+    path = tmp_path / "data" / "admin_token"
+    with multiprocessing.get_context("spawn").Pool(6) as pool:
+        start = time.time() + 3
+        tokens = pool.starmap(_admin_token_in_child, [(str(path), start)] * 24)
+    assert len(set(tokens)) == 1
+    assert tokens[0].startswith("jsa_") and path.read_text().strip() == tokens[0]
+    assert oct(path.stat().st_mode & 0o777) == "0o600"
+    assert [p.name for p in path.parent.iterdir()] == ["admin_token"]
