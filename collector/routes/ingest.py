@@ -16,6 +16,7 @@ from fastapi.concurrency import run_in_threadpool
 from psycopg_pool import ConnectionPool
 
 from jobsight.collector import ingest, queries
+from jobsight.collector.allocations import Allocation, AllocationCache
 from jobsight.collector.auth import Authenticator, Principal, batch_jobs_to_check
 from jobsight.collector.db import Connection, autocommit_connection, unit_of_work
 from jobsight.collector.group_commit import GroupCommitter
@@ -44,6 +45,7 @@ async def group_commit(app: FastAPI) -> AsyncIterator[None]:
     )
     committer.start()
     app.state.group_commit = committer
+    app.state.allocations = AllocationCache()
     try:
         yield
     finally:
@@ -65,6 +67,7 @@ class IngestContext:
     principal: Principal
     slots: CapacityLimiter
     committer: GroupCommitter
+    allocations: AllocationCache
 
 
 async def ingest_context(request: Request, authorization: Annotated[str | None, Header()] = None) -> IngestContext:
@@ -83,15 +86,19 @@ async def ingest_context(request: Request, authorization: Annotated[str | None, 
         principal=authenticator.authenticate(authorization),
         slots=state.decode_slots,
         committer=state.group_commit,
+        allocations=state.allocations,
     )
 
 
 Ingest = Annotated[IngestContext, Depends(ingest_context)]
 
 
-def _job_allocations(pool: Any, cluster: str, job_ids: list[str]) -> dict[str, list[str] | None]:
-    with unit_of_work(pool) as conn:
-        return queries.job_allocations(conn, cluster, job_ids)
+def _job_allocations(ctx: IngestContext, cluster: str, job_ids: list[str]) -> dict[str, Allocation]:
+    def read(cluster: str, missing: list[str]) -> dict[str, Allocation]:
+        with unit_of_work(ctx.pool) as conn:
+            return queries.job_allocations(conn, cluster, missing)
+
+    return ctx.allocations.get(cluster, job_ids, read)
 
 
 def _ensure_partitions(pool: Any, keeper: Any, prepared: ingest.PreparedBatch) -> None:
@@ -116,9 +123,7 @@ async def post_ingest(request: Request, ctx: Ingest) -> dict[str, Any]:
         )
         del body  # the raw body is not needed while the batch is stored
         to_check = batch_jobs_to_check(ctx.principal, batch)
-        allocations = (
-            await run_in_threadpool(_job_allocations, ctx.pool, batch.cluster, to_check) if to_check else None
-        )
+        allocations = await run_in_threadpool(_job_allocations, ctx, batch.cluster, to_check) if to_check else None
         ctx.auth.authorize_batch(ctx.principal, batch, allocations)
         # Almost every batch lands in days whose partitions exist already: ask the keeper
         # before taking a connection.
@@ -127,6 +132,8 @@ async def post_ingest(request: Request, ctx: Ingest) -> dict[str, Any]:
         future = ctx.committer.submit(arrival, batch, prepared)
     # Answered once the batch's group has committed (or with its own transaction's error).
     stored = await asyncio.wrap_future(future)
+    if prepared.counts.get("job_started"):
+        ctx.allocations.forget(batch.cluster, {r["job"] for r in batch.records if r["kind"] == "job_started"})
     metrics = ctx.metrics
     metrics.latency.observe(time.perf_counter() - started)
     if not stored:
