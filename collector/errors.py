@@ -6,7 +6,8 @@ import logging
 import uuid
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
+from starlette.requests import ClientDisconnect
 
 from jobsight.collector.auth import AuthError
 from jobsight.collector.db import DatabaseUnavailable, ValueRefused
@@ -94,6 +95,15 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(TraceUnreadable)
     async def trace_unreadable(request: Request, exc: TraceUnreadable) -> JSONResponse:
         return JSONResponse(status_code=422, content={"detail": {"error": str(exc)}})
+
+    @app.exception_handler(ClientDisconnect)
+    async def client_gone(request: Request, exc: ClientDisconnect) -> Response:
+        # A shipper that gave up waiting (its timeout) before its body was read: nothing was
+        # stored and it will send the batch again. Under overload this happens by the thousand,
+        # and a traceback each (the default) cost the CPU the collector was short of.
+        _reject(request, "client_gone")
+        log.debug("%s %s: the client went away before its body was read", request.method, request.url.path)
+        return Response(status_code=400)
 
     @app.exception_handler(Exception)
     async def unexpected(request: Request, exc: Exception) -> JSONResponse:

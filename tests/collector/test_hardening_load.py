@@ -4,6 +4,7 @@ threads, at most ``max_concurrent_decodes`` at once, while the event loop keeps 
 from __future__ import annotations
 
 import gzip
+import socket
 import threading
 import time
 import urllib.error
@@ -190,3 +191,25 @@ def test_healthz_answers_while_bombs_and_a_large_batch_are_decoded(
     latencies = sorted(took for _, took in polls)
     print(f"healthz under load: {len(polls)} polls, p50 {latencies[len(latencies) // 2] * 1000:.1f} ms, "
           f"max {latencies[-1] * 1000:.1f} ms")
+
+
+def test_a_client_that_goes_away_mid_body_is_counted_not_logged_as_a_crash(
+    small_live_collector: LiveCollector, job_id: str
+) -> None:
+    """Shippers time out and hang up when the collector is overloaded: each one used to log a
+    full traceback, which cost the CPU the collector was short of."""
+    collector = small_live_collector
+    host, port = collector.url.removeprefix("http://").split(":")
+    for _ in range(3):
+        with socket.create_connection((host, int(port)), timeout=10) as sock:
+            sock.sendall(f"POST /v1/ingest HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer {collector.token}\r\n"
+                         "Content-Encoding: gzip\r\nContent-Length: 100000\r\n\r\n".encode() + b"x" * 100)
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        with urllib.request.urlopen(f"{collector.url}/metrics", timeout=10) as response:
+            metrics = response.read().decode()
+        if 'jobsight_ingest_rejects_total{reason="client_gone"} 3.0' in metrics:
+            break
+        time.sleep(0.2)
+    assert 'jobsight_ingest_rejects_total{reason="client_gone"} 3.0' in metrics
+    assert "Traceback" not in collector.log_path.read_text()
