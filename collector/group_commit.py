@@ -1,5 +1,5 @@
 """Group commit: the batches that arrive together in one collector process share one
-transaction, one COPY per table, one rollup upsert and one summary check.
+transaction, one COPY per table, one upsert per rollup and one summary check.
 
 Per request, the cost of ingest used to be a transaction, a write of the job's row (which
 every node of the job waits on), the rollup upsert and the summary check. Here a request
@@ -47,6 +47,7 @@ from jobsight.collector import ingest, jobs_seen
 from jobsight.collector.db import Connection, DatabaseUnavailable, unit_of_work
 from jobsight.collector.ingest_rows import PreparedBatch
 from jobsight.collector.jobs_seen import JobsSeen
+from jobsight.collector.step_rollup import EpochsSeen
 from jobsight.protocol.wire import Batch
 
 log = logging.getLogger("jobsight.collector")
@@ -86,6 +87,7 @@ class GroupCommitter:
         jobs: JobsSeen,
         flush_every_s: float,
         writers: int = 1,
+        epochs: EpochsSeen | None = None,
     ) -> None:
         self.pool = pool
         self.writers = writers
@@ -93,6 +95,8 @@ class GroupCommitter:
         self.max_batches = max_batches
         self.max_records = max_records
         self.jobs = jobs
+        self.epochs = epochs if epochs is not None else EpochsSeen()
+        self._seen = ingest.Seen(jobs, self.epochs)
         self.flush_every_s = flush_every_s
         self._queue: deque[_Queued] = deque()
         self._queued_records = 0
@@ -255,16 +259,18 @@ class GroupCommitter:
 
     def _store(self, group: list[_Queued]) -> ingest.Written:
         with unit_of_work(self.pool) as conn:
-            return ingest.store_group(conn, [(q.batch, q.prepared) for q in group], self.jobs)
+            return ingest.store_group(conn, [(q.batch, q.prepared) for q in group], self._seen)
 
     def _answer(self, group: list[_Queued], written: ingest.Written) -> None:
-        """After the commit: answer the requests, then note the job rows' times as written."""
+        """After the commit: answer the requests, then note the job rows' times and the epoch
+        starts as written."""
         for queued, stored in zip(group, written.stored, strict=True):
             queued.future.set_result(stored)
         try:
             self.jobs.committed(written.spans, written.jobs)
-        except Exception:  # boundary: at worst job rows are written more often than needed
-            log.exception("could not note the job rows written")
+            self.epochs.committed(written.epochs)
+        except Exception:  # boundary: at worst job rows and epoch starts are written more often than needed
+            log.exception("could not note the job rows and epoch starts written")
 
     def _flush(self) -> None:
         if not self._flushing.acquire(blocking=False):

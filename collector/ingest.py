@@ -3,12 +3,13 @@
 Each batch's id ``(source, seq)`` goes into ``ingest_batches`` in the same transaction as
 its rows (STYLE rule 4), so a batch is stored completely once or not at all, however often
 the agent retries it, and whichever group it lands in. A group writes one COPY per table,
-one upsert of the GPU rollup and at most one write per job row, for all its batches; see
-:mod:`jobsight.collector.group_commit` for how groups form and what happens when one fails.
+one upsert of the GPU rollup, one of the step rollup, at most one write per job row and per
+epoch start, for all its batches; see :mod:`jobsight.collector.group_commit` for how groups
+form and what happens when one fails.
 
-Rows are locked in one order in every group: batch ids, then job rows, then rollup rows,
-each sorted by key, so that concurrent groups (several collector processes) wait for one
-another rather than deadlock.
+Rows are locked in one order in every group: batch ids, then job rows, then GPU rollup rows,
+step rollup rows and epoch starts, each sorted by key, so that concurrent groups (several
+collector processes) wait for one another rather than deadlock.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Any
 
 from psycopg.types.json import Jsonb
 
+from jobsight.collector import step_rollup
 from jobsight.collector.db import Connection
 from jobsight.collector.ingest_rows import (
     COPY_SQL,
@@ -31,13 +33,14 @@ from jobsight.collector.ingest_rows import (
 from jobsight.collector.jobs_seen import JobKey, JobsSeen, Span, upsert_jobs
 from jobsight.collector.partitions import PartitionKeeper
 from jobsight.collector.rollup import merged, upsert_minutes
+from jobsight.collector.step_rollup import EpochKey, EpochsSeen
 from jobsight.collector.summaries import refresh_ended
 from jobsight.collector.timestamps import ts_from_us
 from jobsight.protocol.wire import Batch
 
 # The names other modules (and tests) know this module by.
-__all__ = ["COPY_TYPES", "PreparedBatch", "Written", "copy_sql", "ensure_partitions", "prepare", "store_group",
-           "ts_from_us"]
+__all__ = ["COPY_TYPES", "PreparedBatch", "Seen", "Written", "copy_sql", "ensure_partitions", "prepare",
+           "store_group", "ts_from_us"]
 _SERIES_TABLES = SERIES_TABLES
 
 Item = tuple[Batch, PreparedBatch]
@@ -53,6 +56,17 @@ class Written:
     """First and last record time of each job of the stored batches."""
     jobs: dict[JobKey, Span] = field(default_factory=dict)
     """The job rows written, and the times written to them."""
+    epochs: dict[EpochKey, int] = field(default_factory=dict)
+    """The epoch starts written."""
+
+
+@dataclass(frozen=True)
+class Seen:
+    """What this collector process remembers having written, so that a group skips the rows
+    every batch of a job would otherwise write (and every node of the job queue on)."""
+
+    jobs: JobsSeen
+    epochs: EpochsSeen
 
 
 def ensure_partitions(conn: Connection, keeper: PartitionKeeper, prepared: PreparedBatch) -> None:
@@ -111,11 +125,11 @@ def _in_job_order(stored: Sequence[Item], started: bool) -> list[tuple[str, dict
     return sorted(records, key=lambda pair: (pair[0], pair[1]["job"]))
 
 
-def store_group(conn: Connection, items: Sequence[Item], jobs: JobsSeen | None = None) -> Written:
+def store_group(conn: Connection, items: Sequence[Item], seen: Seen | None = None) -> Written:
     """Write the batches of ``items`` inside the caller's transaction; replays write nothing.
 
-    ``jobs`` says which job rows need a write (all of them without it); the caller tells it
-    what was written once the transaction has committed."""
+    ``seen`` says which job rows and epoch starts need a write (all of them without it); the
+    caller tells it what was written (:class:`Written`) once the transaction has committed."""
     stored_flags = _claim(conn, items)
     stored = [item for item, new in zip(items, stored_flags, strict=True) if new]
     written = Written(stored_flags)
@@ -123,7 +137,9 @@ def store_group(conn: Connection, items: Sequence[Item], jobs: JobsSeen | None =
         return written
     written.spans = _spans(stored)
     touched = {(b.cluster, r["job"]) for b, p in stored for r in (*p.job_started, *p.job_ended)}
-    written.jobs = jobs.due(written.spans, touched) if jobs is not None else written.spans
+    written.jobs = seen.jobs.due(written.spans, touched) if seen is not None else written.spans
+    starts = step_rollup.merged_epochs((batch.cluster, prepared.step_minutes) for batch, prepared in stored)
+    written.epochs = seen.epochs.due(starts) if seen is not None else starts
     upsert_jobs(conn, written.jobs)
     for cluster, record in _in_job_order(stored, started=True):
         _job_started(conn, cluster, record)
@@ -132,6 +148,8 @@ def store_group(conn: Connection, items: Sequence[Item], jobs: JobsSeen | None =
     # and waits once, where each statement used to be a round trip of its own.
     with conn.pipeline():
         upsert_minutes(conn, merged((batch.cluster, prepared.minutes) for batch, prepared in stored))
+        step_rollup.upsert_minutes(conn, step_rollup.merged((b.cluster, p.step_minutes) for b, p in stored))
+        step_rollup.upsert_epoch_starts(conn, written.epochs)
         for batch, prepared in stored:
             for record in prepared.profiles:
                 _profile(conn, batch.cluster, record)

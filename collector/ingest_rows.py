@@ -20,6 +20,7 @@ from psycopg.types.json import Jsonb
 
 from jobsight.collector.rollup import MinuteRollup
 from jobsight.collector.schema import gpu_samples, host_samples, log_events, metrics, steps
+from jobsight.collector.step_rollup import StepRollup
 from jobsight.collector.timestamps import days_of_us, ts_from_us
 from jobsight.protocol.wire import Batch, WireError
 
@@ -95,6 +96,7 @@ class PreparedBatch:
     profiles: list[dict[str, Any]] = field(default_factory=list)
     counts: dict[str, int] = field(default_factory=dict)
     minutes: MinuteRollup = field(default_factory=MinuteRollup)
+    step_minutes: StepRollup = field(default_factory=StepRollup)
 
 
 def _dropped_as_log(record: dict[str, Any]) -> dict[str, Any]:
@@ -169,6 +171,8 @@ def prepare(batch: Batch) -> PreparedBatch:
             prepared.days.setdefault(table.name, set()).update(days_of_us(times))
             if kind == "gpu_sample":
                 prepared.minutes.add_rows(rows, times)
+            elif kind == "step":
+                prepared.step_minutes.add_rows(rows, times)
         elif kind in ("job_started", "job_ended"):
             target = prepared.job_started if kind == "job_started" else prepared.job_ended
             target.extend({**r, "ts": ts_from_us(r["ts"])} for r in same)
@@ -181,4 +185,6 @@ def prepare(batch: Batch) -> PreparedBatch:
         ]
     if prepared.minutes.sums:
         prepared.days["gpu_minutes"] = prepared.minutes.days()
+    if prepared.step_minutes.sums:
+        prepared.days["step_minutes"] = prepared.step_minutes.days()
     return prepared

@@ -3,7 +3,8 @@
 Series are downsampled in SQL with ``date_bin`` so no caller ever pulls raw rows for a
 chart: a series of any length comes back as at most ``points`` buckets. GPU samples and the
 per-minute rollup are read from both storage tiers (:mod:`jobsight.collector.tiers`): a job
-whose closed days were packed gives the answers it gave before.
+whose closed days were packed gives the answers it gave before. Step charts and epoch markers
+read the step rollup (:mod:`jobsight.collector.step_rollup`) rather than a row per step per rank.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from typing import Any
 
 from psycopg.pq import TransactionStatus
 
-from jobsight.collector import tiers
+from jobsight.collector import step_rollup, tiers
 from jobsight.collector.db import Connection
 
 MAX_POINTS = 5000
@@ -290,6 +291,11 @@ def metric_names(conn: Connection, cluster: str, job_id: str) -> list[str]:
     return [r["name"] for r in rows]
 
 
+# Step buckets at least a minute wide read the per-rank minute rollup: every bucket then holds
+# at least one minute's midpoint, so none is left empty by the coarser grain.
+STEP_ROLLUP_MIN_BUCKET_S = 60.0
+
+
 def step_series(
     conn: Connection,
     cluster: str,
@@ -299,29 +305,73 @@ def step_series(
     end: dt.datetime | None = None,
     points: int = 500,
 ) -> list[dict[str, Any]]:
-    """Per rank and time bucket: mean and max step time, data-wait share, steps and samples."""
+    """Per rank and time bucket of training steps: mean and max step time, data-wait share,
+    steps and samples, last step and epoch.
+
+    Buckets of a minute or more come from the per-rank minute rollup (a 512-rank job never
+    reads its steps); a job with no rollup rows (ingested before the rollup existed) reads the
+    steps."""
+    rows: list[dict[str, Any]] = []
+    for query, params in step_series_statements(conn, cluster, job_id, start=start, end=end, points=points):
+        rows = conn.execute(query, params).fetchall()
+        if rows:
+            break
+    return rows
+
+
+def step_series_statements(
+    conn: Connection,
+    cluster: str,
+    job_id: str,
+    *,
+    start: dt.datetime | None = None,
+    end: dt.datetime | None = None,
+    points: int = 500,
+) -> list[tuple[str, dict[str, Any]]]:
+    """The statements :func:`step_series` runs, in order, until one returns rows: the rollup's
+    when the buckets are wide enough, then the steps'. Both take the same parameters and give
+    the same columns; over buckets that start and end on whole minutes, the same values."""
     points = min(max(points, 1), MAX_POINTS)
     window = _resolve_range(conn, "steps", cluster, job_id, start, end)
     if window is None:
         return []
-    return conn.execute(
-        """SELECT rank, date_bin(make_interval(secs => %(width)s), ts, %(origin)s) AS bucket,
-                  avg(duration_s) AS duration_s, max(duration_s) AS max_duration_s,
-                  sum(data_wait_s) / nullif(sum(duration_s), 0) AS data_wait_share,
-                  count(*) AS steps, sum(samples) AS samples, max(step) AS last_step, max(epoch) AS epoch
-           FROM steps
-           WHERE job_id = %(job)s AND cluster = %(cluster)s AND ts >= %(origin)s AND ts <= %(end)s
-             AND coalesce(phase, 'train') = 'train'
-           GROUP BY rank, bucket
-           ORDER BY rank NULLS FIRST, bucket""",
-        {
-            "width": window.bucket_seconds(points),
-            "origin": window.start,
-            "end": window.end,
-            "job": job_id,
-            "cluster": cluster,
-        },
-    ).fetchall()
+    statements: list[tuple[str, dict[str, Any]]] = []
+    params = {"job": job_id, "cluster": cluster, "end": window.end}
+    minute_window = TimeRange(window.start.replace(second=0, microsecond=0), window.end)
+    if minute_window.bucket_seconds(points) >= STEP_ROLLUP_MIN_BUCKET_S:
+        statements.append((STEPS_FROM_MINUTES, {
+            **params, "width": minute_window.bucket_seconds(points), "origin": minute_window.start}))
+    statements.append((STEPS_FROM_ROWS, {**params, "width": window.bucket_seconds(points), "origin": window.start}))
+    return statements
+
+
+STEPS_FROM_ROWS = """
+SELECT rank, date_bin(make_interval(secs => %(width)s), ts, %(origin)s) AS bucket,
+       avg(duration_s) AS duration_s, max(duration_s) AS max_duration_s,
+       sum(data_wait_s) / nullif(sum(duration_s), 0) AS data_wait_share,
+       count(*) AS steps, sum(samples) AS samples, max(step) AS last_step, max(epoch) AS epoch
+FROM steps
+WHERE job_id = %(job)s AND cluster = %(cluster)s AND ts >= %(origin)s AND ts <= %(end)s
+  AND coalesce(phase, 'train') = 'train'
+GROUP BY rank, bucket
+ORDER BY rank NULLS FIRST, bucket
+"""
+
+# A minute goes to the bucket that holds its middle (or the window's end, if that comes first):
+# the one that holds most of its steps when the buckets do not fall on whole minutes (a width of
+# 120.000001 s, as TimeRange.bucket_seconds gives, would put a minute's start in the bucket before
+# its steps'); when they do, the bucket of every one of its steps.
+STEPS_FROM_MINUTES = f"""
+SELECT nullif(rank, {step_rollup.NO_RANK}) AS rank,
+       date_bin(make_interval(secs => %(width)s), least(ts + interval '30 seconds', %(end)s), %(origin)s) AS bucket,
+       sum(duration_sum) / sum(steps) AS duration_s, max(duration_max) AS max_duration_s,
+       sum(data_wait_sum) / nullif(sum(duration_sum), 0) AS data_wait_share,
+       sum(steps) AS steps, sum(samples_sum)::int8 AS samples, max(last_step) AS last_step, max(epoch) AS epoch
+FROM step_minutes
+WHERE job_id = %(job)s AND cluster = %(cluster)s AND ts >= %(origin)s AND ts <= %(end)s
+GROUP BY step_minutes.rank, bucket
+ORDER BY rank NULLS FIRST, bucket
+"""
 
 
 def log_events(
@@ -377,13 +427,23 @@ def _escape_like(text: str | None) -> str:
 
 
 def epoch_starts(conn: Connection, cluster: str, job_id: str) -> list[dict[str, Any]]:
-    """When each training epoch began (its first step record), for timeline markers."""
-    return conn.execute(
-        """SELECT epoch, min(ts) AS ts FROM steps
-           WHERE job_id = %s AND cluster = %s AND epoch IS NOT NULL AND coalesce(phase, 'train') = 'train'
-           GROUP BY epoch ORDER BY epoch""",
-        (job_id, cluster),
-    ).fetchall()
+    """When each training epoch began (its first step record), for timeline markers. A job
+    ingested before the step rollup existed (no ``step_minutes`` rows) is read from its steps."""
+    params = {"job": job_id, "cluster": cluster}
+    rows = conn.execute(_EPOCH_STARTS, params).fetchall()
+    if rows or conn.execute(_HAS_STEP_MINUTES, params).fetchone() is not None:
+        return rows
+    return conn.execute(_EPOCH_STARTS_FROM_STEPS, params).fetchall()
+
+
+_EPOCH_STARTS = """SELECT epoch, ts FROM epoch_starts WHERE job_id = %(job)s AND cluster = %(cluster)s
+                   ORDER BY epoch"""
+_HAS_STEP_MINUTES = "SELECT FROM step_minutes WHERE job_id = %(job)s AND cluster = %(cluster)s LIMIT 1"
+_EPOCH_STARTS_FROM_STEPS = """
+SELECT epoch, min(ts) AS ts FROM steps
+WHERE job_id = %(job)s AND cluster = %(cluster)s AND epoch IS NOT NULL AND coalesce(phase, 'train') = 'train'
+GROUP BY epoch ORDER BY epoch
+"""
 
 
 def job_allocations(conn: Connection, cluster: str, job_ids: list[str]) -> dict[str, list[str] | None]:

@@ -148,6 +148,44 @@ gpu_minutes = Table(
     postgresql_partition_by=PARTITION_BY,
 )
 
+# Per rank and wall-clock minute, sums and extremes of the training steps (``phase`` 'train'
+# or none), kept up to date at ingest by collector/step_rollup.py: the job page's step charts
+# read this instead of a row per step per rank (a 512-rank job at 2 steps a second writes 61 k
+# step rows a minute, and 512 rows here). A step without a rank is stored under rank -1 (a key
+# column cannot be NULL). Sums, counts and extremes, so that batches add up in any order.
+step_minutes = Table(
+    "step_minutes",
+    metadata,
+    Column("cluster", Text, nullable=False),
+    Column("job_id", Text, nullable=False),
+    Column("ts", TS, nullable=False),
+    Column("rank", Integer, nullable=False),
+    Column("steps", Integer, nullable=False),
+    Column("duration_sum", Double, nullable=False),
+    Column("duration_max", Double, nullable=False),
+    Column("data_wait_sum", Double),
+    Column("samples_sum", BigInteger),
+    Column("last_step", BigInteger, nullable=False),
+    Column("epoch", Integer),
+    Column("first_ts", TS, nullable=False),
+    Column("last_ts", TS, nullable=False),
+    Index("uq_step_minutes_key", "job_id", "cluster", "ts", "rank", unique=True),
+    postgresql_partition_by=PARTITION_BY,
+)
+
+# When each training epoch of a job began: the earliest train step carrying that epoch, on any
+# rank. Small (a row per epoch), so not partitioned; written only when a group brings an earlier
+# start than the collector process knows of (collector/step_rollup.py).
+epoch_starts = Table(
+    "epoch_starts",
+    metadata,
+    Column("cluster", Text, nullable=False),
+    Column("job_id", Text, nullable=False),
+    Column("epoch", Integer, nullable=False),
+    Column("ts", TS, nullable=False),
+    PrimaryKeyConstraint("job_id", "cluster", "epoch"),
+)
+
 host_samples = Table(
     "host_samples",
     metadata,
@@ -386,7 +424,9 @@ gpu_minute_blocks = Table(
     postgresql_partition_by=PARTITION_BY,
 )
 
-PARTITIONED_TABLES = ("gpu_samples", "gpu_minutes", "host_samples", "log_events", "metrics", "steps")
+PARTITIONED_TABLES = (
+    "gpu_samples", "gpu_minutes", "host_samples", "log_events", "metrics", "steps", "step_minutes",
+)
 PACKED_TABLES = ("gpu_sample_blocks", "gpu_sample_timelines", "gpu_minute_blocks")
 """Partitioned by day like the raw tables, but made only by the compaction pass."""
 

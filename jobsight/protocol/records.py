@@ -69,6 +69,9 @@ Int4 = Annotated[int, Int32]
 """An integer stored in an ``integer`` column."""
 Int8 = Annotated[int, Int64]
 """An integer stored in a ``bigint`` column (or not stored as a column at all)."""
+Rank = Annotated[int, Range(0, 2**31 - 1)]
+"""A process's rank in its job (``torch.distributed``'s, from 0): never negative, so that the
+rollups can key "no rank" as -1."""
 
 # Physical bounds of the floats PostgreSQL sums (collector/rollup.py, collector/summaries.py,
 # the charts' averages): wide enough for any real reading, narrow enough that adding up
@@ -176,7 +179,7 @@ class HostSample:
 class Log:
     """One log line of a training process."""
 
-    rank: Int4 | None = None
+    rank: Rank | None = None
     pid: Int4 | None = None
     tid: Int8 | None = None
     thread: str | None = None
@@ -192,7 +195,7 @@ class Log:
 class Metric:
     """One named value a training process reported."""
 
-    rank: Int4 | None = None
+    rank: Rank | None = None
     pid: Int4 | None = None
     tid: Int8 | None = None
     step: Int8 | None = None
@@ -206,7 +209,7 @@ class Metric:
 class Step:
     """One training step and where its time went."""
 
-    rank: Int4 | None = None
+    rank: Rank | None = None
     pid: Int4 | None = None
     tid: Int8 | None = None
     step: Int8
@@ -222,7 +225,7 @@ class Step:
 class Profile:
     """A profiler capture of a few steps: its summary and, optionally, the trace itself."""
 
-    rank: Int4 | None = None
+    rank: Rank | None = None
     pid: Int4 | None = None
     profile_id: str
     request_id: Int8 | None = None

@@ -28,6 +28,7 @@ from psycopg.types.json import Jsonb
 from jobsight.collector.partitions import PartitionKeeper
 from jobsight.collector.rollup import rebuild_minutes
 from jobsight.collector.schema import PARTITIONED_TABLES
+from jobsight.collector.step_rollup import rebuild as rebuild_steps
 
 UTC = dt.UTC
 PERIOD = (dt.date(2024, 3, 4), dt.date(2024, 3, 5))
@@ -112,6 +113,7 @@ def _running_job_series(conn: psycopg.Connection[Any], cluster: str, job: str, s
            FROM generate_series(0, 1799) t, generate_series(0, 1) r""",
         {"c": cluster, "j": job, "s": start},
     )
+    rebuild_steps(conn, cluster, job)
     conn.execute(
         """INSERT INTO metrics (cluster, job_id, ts, node, rank, pid, step, name, value)
            SELECT %(c)s, %(j)s, %(s)s + make_interval(secs => t), 'n1', 0, 1000, t, m,
@@ -168,7 +170,8 @@ def seed_big_job(conn: psycopg.Connection[Any], cluster: str, job_id: str, *, no
                  seconds: int = 1800, end: dt.datetime | None = None) -> BigJob:
     """A running job on ``nodes`` × ``gpus_per_node`` GPUs, one rank per GPU: ``seconds`` of 1 Hz
     samples on every GPU and a step a second on every rank up to ``end`` (now), the per-minute
-    rollup rebuilt as the ingest path would have it, and loss/lr metrics from rank 0.
+    rollups (GPUs and steps) and epoch starts rebuilt as the ingest path would have them, and
+    loss/lr metrics from rank 0.
 
     Step times are 0.5 s with a small per-rank wobble; rank ``gpus // 2 + 1`` is slow all along
     (a straggler by the rule) and rank ``gpus // 4`` stalls for one minute a third of the way in.
@@ -214,6 +217,7 @@ def seed_big_job(conn: psycopg.Connection[Any], cluster: str, job_id: str, *, no
                FROM generate_series(0, %(last)s) t, generate_series(0, %(gpus)s - 1) r""",
             params,
         )
+        rebuild_steps(conn, cluster, job_id)
         conn.execute(
             """INSERT INTO metrics (cluster, job_id, ts, node, rank, pid, step, name, value)
                SELECT %(c)s, %(j)s, %(s)s + make_interval(secs => t), %(prefix)s || '000', 0, 1000, t, m,
@@ -221,6 +225,6 @@ def seed_big_job(conn: psycopg.Connection[Any], cluster: str, job_id: str, *, no
                FROM generate_series(0, %(last)s, 10) t, unnest(ARRAY['loss', 'lr']) m""",
             params,
         )
-    for table in ("gpu_samples", "gpu_minutes", "steps", "metrics"):
+    for table in ("gpu_samples", "gpu_minutes", "steps", "step_minutes", "metrics"):
         conn.execute(f"ANALYZE {table}")
     return big

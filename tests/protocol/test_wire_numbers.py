@@ -125,7 +125,6 @@ BIGINT = "integer out of range for its column (-9223372036854775808..92233720368
         ("job_started", "time_limit_s", 2**31 - 1, INTEGER),
         ("job_ended", "exit_code", 2**31 - 1, INTEGER),
         ("log", "pid", 2**31 - 1, INTEGER),
-        ("log", "rank", 2**31 - 1, INTEGER),
         ("log", "tid", 2**63 - 1, BIGINT),
         ("step", "samples", 2**31 - 1, INTEGER),
         ("step", "epoch", 2**31 - 1, INTEGER),
@@ -139,6 +138,16 @@ def test_an_integer_is_held_to_its_column(kind: str, field: str, largest: int, m
     for outside in (largest + 1, -largest - 2, 10**400):
         error = _refused(_record(kind, **{field: outside}))
         assert (error.record, error.field, error.message) == (4, field, message)
+
+
+@pytest.mark.parametrize("kind", ["log", "metric", "step", "profile"])
+def test_a_rank_is_never_negative(kind: str) -> None:
+    """-1 keys "no rank" in the step rollup, so no process may claim it (or any negative rank)."""
+    wire.validate_record(_through_json(_record(kind, rank=0)), 0, NOW)
+    wire.validate_record(_through_json(_record(kind, rank=2**31 - 1)), 0, NOW)
+    for outside in (-1, -(2**31), 2**31):
+        error = _refused(_record(kind, rank=outside))
+        assert (error.field, error.message) == ("rank", "integer out of range for its column (0..2147483647)")
 
 
 def test_gpu_index_beyond_a_smallint_is_refused_before_the_rollup() -> None:
