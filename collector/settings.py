@@ -94,6 +94,10 @@ class CollectorSettings(TomlTableSettings):
     """Ingest bodies inflated, parsed and validated at once (in worker threads), per collector
     process; more wait their turn, so a burst of large bodies holds at most this many inflated."""
     pool_size: int = Field(8, ge=1, le=256)
+    keep_alive_s: int = Field(75, ge=1, le=3600)
+    """How long an idle client connection is kept open. Longer than any agent's batch age (the
+    node daemon's is 10 s): a shorter one made every node open a new TCP connection per batch,
+    and accepting connections was an eighth of a loaded collector's CPU."""
     group_commit_wait_ms: float = Field(5.0, ge=0, le=1000)
     """How long the first batch of a group may wait for others on their way (only while other
     requests are being decoded); batches queued while a group is written join the next one."""

@@ -123,7 +123,9 @@ async def post_ingest(request: Request, ctx: Ingest) -> dict[str, Any]:
         )
         del body  # the raw body is not needed while the batch is stored
         to_check = batch_jobs_to_check(ctx.principal, batch)
-        allocations = await run_in_threadpool(_job_allocations, ctx, batch.cluster, to_check) if to_check else None
+        allocations = ctx.allocations.cached(batch.cluster, to_check) if to_check else None
+        if to_check and allocations is None:
+            allocations = await run_in_threadpool(_job_allocations, ctx, batch.cluster, to_check)
         ctx.auth.authorize_batch(ctx.principal, batch, allocations)
         # Almost every batch lands in days whose partitions exist already: ask the keeper
         # before taking a connection.

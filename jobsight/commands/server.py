@@ -109,7 +109,8 @@ def run_collector(settings: CollectorSettings, args: argparse.Namespace) -> int:
         os.environ["JOBSIGHT_HOST"], os.environ["JOBSIGHT_PORT"] = settings.host, str(settings.port)
         with shared_metrics_dir():
             uvicorn.run("jobsight.collector.app:create_app", factory=True, host=settings.host, port=settings.port,
-                        workers=args.workers, log_level="info", access_log=False)
+                        workers=args.workers, log_level="info", access_log=False,
+                        timeout_keep_alive=settings.keep_alive_s)
         return 0
     from jobsight.collector.app import create_app
 
@@ -120,5 +121,6 @@ def run_collector(settings: CollectorSettings, args: argparse.Namespace) -> int:
             app = create_app(settings)
         except (SettingsError, RuntimeError) as exc:
             raise CliError(str(exc)) from exc
-        uvicorn.run(app, host=settings.host, port=settings.port, log_level="info", access_log=False)
+        uvicorn.run(app, host=settings.host, port=settings.port, log_level="info", access_log=False,
+                    timeout_keep_alive=settings.keep_alive_s)
     return 0

@@ -69,3 +69,14 @@ def test_a_registration_is_seen_at_once_by_the_process_that_stored_it(
     assert send(secret_client, "n1", [prolog(job_id, "n1", ["n1"])]).status_code == 200
     assert send(secret_client, "n2", [sample(job_id, "n2")]).status_code == 403
     assert send(secret_client, "n1", [sample(job_id, "n1")]).status_code == 200
+
+
+def test_cached_answers_only_when_every_job_is_fresh() -> None:
+    clock, db = Clock(), Database({"1": ["n1"], "2": None})
+    cache = AllocationCache(ttl_s=30, clock=clock)
+    assert cache.cached("c", ["1"]) is None
+    cache.get("c", ["1", "2"], db.read)
+    assert cache.cached("c", ["1", "2"]) == {"1": ["n1"], "2": None}
+    assert cache.cached("c", ["1", "3"]) is None
+    clock.now += 30
+    assert cache.cached("c", ["1"]) is None

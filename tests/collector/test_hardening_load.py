@@ -4,6 +4,7 @@ threads, at most ``max_concurrent_decodes`` at once, while the event loop keeps 
 from __future__ import annotations
 
 import gzip
+import http.client
 import socket
 import threading
 import time
@@ -18,6 +19,7 @@ from typing import Any
 import psycopg
 import pytest
 
+from jobsight.commands.agent import DAEMON_BATCH_AGE_S
 from jobsight.protocol.wire import encode_batch, now_us
 from tests.collector.helpers import gz, next_seq, post
 from tests.conftest import LiveCollector
@@ -213,3 +215,19 @@ def test_a_client_that_goes_away_mid_body_is_counted_not_logged_as_a_crash(
         time.sleep(0.2)
     assert 'jobsight_ingest_rejects_total{reason="client_gone"} 3.0' in metrics
     assert "Traceback" not in collector.log_path.read_text()
+
+
+def test_an_idle_connection_outlives_the_node_daemons_batch_age(small_live_collector: LiveCollector) -> None:
+    """A node daemon posts every DAEMON_BATCH_AGE_S: the collector keeps its connection open
+    that long and more (uvicorn's own default, 5 s, made every batch a new TCP connection)."""
+    collector = small_live_collector
+    host, port = collector.url.removeprefix("http://").split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=10)
+    conn.request("GET", "/healthz")
+    assert conn.getresponse().read() and conn.sock is not None
+    sock = conn.sock
+    time.sleep(DAEMON_BATCH_AGE_S + 1)
+    conn.request("GET", "/healthz")  # on a connection the server had closed this raises or reconnects
+    response = conn.getresponse()
+    assert response.status == 200 and conn.sock is sock
+    conn.close()
