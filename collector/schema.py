@@ -265,7 +265,7 @@ profiles = Table(
     Column("diagnosis", JSONB),
     Column("trace_gz", LargeBinary),
     Column("note", Text),
-    PrimaryKeyConstraint("id"),
+    PrimaryKeyConstraint("job_id", "id"),
     Index(None, "job_id", "ts"),
 )
 
@@ -310,7 +310,7 @@ profile_requests = Table(
     Column("state", Text, nullable=False, server_default=text("'pending'")),
     Column("reason", Text),
     Column("profile_id", Text),
-    PrimaryKeyConstraint("id"),
+    PrimaryKeyConstraint("job_id", "id"),
     Index(None, "job_id", "state"),
 )
 

@@ -117,7 +117,10 @@ def encode_batch(
         "records": records,
     }
     body = json.dumps(envelope, separators=(",", ":"), allow_nan=False).encode()
-    return gzip.compress(body, compresslevel=5)
+    # Level 1: telemetry batches repeat their keys record after record, which the fastest level
+    # already takes out (a node daemon's 90-record batch: 1,043 bytes at level 1, 1,000 at 5),
+    # at a third of the CPU, and that CPU is the training node's.
+    return gzip.compress(body, compresslevel=1)
 
 
 def loads_batch(raw: bytes) -> Any:
