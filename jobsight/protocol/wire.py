@@ -26,6 +26,7 @@ import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from itertools import repeat
 from typing import Any, Final
 
 from jobsight.protocol import checks
@@ -275,6 +276,68 @@ def validate_record(record: Any, index: int, now: int | None = None) -> dict[str
     return record
 
 
+def _column_fits(values: list[Any], optional: bool, fast_types: tuple[type, ...], lo: float, hi: float) -> bool:
+    """Whether every value of one field, across the records of one kind, is one the per-record
+    fast path takes (``False``: let the per-record path find and name the problem)."""
+    types = set(map(type, values))
+    if type(None) in types:
+        if not optional:
+            return False
+        types.discard(type(None))
+        values = [v for v in values if v is not None]
+    if not values:
+        return True
+    if not types <= set(fast_types):
+        return False
+    if types == {bool}:
+        return True
+    if str in types:
+        joined = "".join(values)
+        return (max(map(len, values)) <= hi and "\x00" not in joined
+                and (joined.isascii() or not checks.lone_surrogate(joined)))
+    try:
+        total = sum(values)  # NaN and infinities make it NaN or infinite; no bound is either
+    except OverflowError:  # an integer too large for a float, in a float field
+        return False
+    return total == total and abs(total) != float("inf") and lo <= min(values) and max(values) <= hi
+
+
+def _kind_fits(kind: str, records: list[dict[str, Any]], now: int) -> bool:
+    """The per-record checks of :func:`validate_record`, field by field over many records of
+    one kind: the same verdict for a batch that passes, in builtins that run in C."""
+    allowed = _ALLOWED[kind]
+    if not all(record.keys() <= allowed for record in records):
+        return False
+    for name, optional, fast_types, lo, hi, _ in _FIELD_SPECS[kind]:
+        if not fast_types:  # its content needs a check of its own: the per-record path
+            return False
+        if not _column_fits(list(map(dict.get, records, repeat(name))), optional, fast_types, lo, hi):
+            return False
+    times = list(map(dict.get, records, repeat("ts")))
+    return (all(map(dict.get, records, repeat("job"))) and MIN_TS_US <= min(times)
+            and max(times) <= now + FUTURE_SLACK_US and min(times) >= now - MAX_RECORD_AGE_DAYS * _DAY_US)
+
+
+def validate_records(records: list[Any], now: int) -> list[dict[str, Any]]:
+    """Every record checked as :func:`validate_record` checks it; returns them unchanged.
+
+    A node's batch is dozens of records of one or two kinds with the same fields, and checking
+    them record by record, field by field, was most of the CPU the collector spent on a sample.
+    So the records of each kind are checked a field at a time (types, bounds and characters of
+    the whole column at once); a kind whose column check fails, or that has a field with a
+    content check, is checked record by record, which raises the error naming the first bad
+    record and field, as it always did."""
+    by_kind: dict[str, list[dict[str, Any]]] = {}
+    for record in records:
+        kind = record.get("kind") if isinstance(record, dict) else None
+        if not isinstance(kind, str) or kind not in FIELDS:
+            return [validate_record(record, index, now) for index, record in enumerate(records)]
+        by_kind.setdefault(kind, []).append(record)
+    if all(_kind_fits(kind, same, now) for kind, same in by_kind.items()):
+        return records
+    return [validate_record(record, index, now) for index, record in enumerate(records)]
+
+
 def decode_batch(body: bytes, now: int | None = None, loads: Callable[[bytes], Any] = loads_batch) -> Batch:
     """Parse and validate an already-decompressed batch body.
 
@@ -318,7 +381,7 @@ def decode_batch(body: bytes, now: int | None = None, loads: Callable[[bytes], A
     if len(records) > MAX_RECORDS:
         raise WireError(f"more than {MAX_RECORDS} records in one batch", None, "records")
     now = now if now is not None else now_us()
-    checked = [validate_record(record, index, now) for index, record in enumerate(records)]
+    checked = validate_records(records, now)
     days = {record["ts"] // _DAY_US for record in checked}
     if len(days) > MAX_BATCH_DAYS:
         raise WireError(
