@@ -5,7 +5,8 @@
 
 Each size gets a fresh database on an embedded PostgreSQL: one 64-GPU job sampled at 1 Hz
 (5 M ≈ 22 h, 50 M ≈ 9 days), built in SQL with its per-minute rollup. The job page is the
-queries the page makes (job row, GPU series at 600 points, markers); the audit is totals,
+queries the page makes (job row, the GPU heatmap's grid and the step band's at the dashboard's
+default cell budget, metrics, warnings, markers); the audit is totals,
 GPU-hours by user/account/partition and the daily trend over the job's run. Both are timed on
 the hot tier (row per sample, as the job's last day is), then again after a compaction pass has
 packed every day (as they are once the job is older than ``JOBSIGHT_HOT_DAYS``). The ratio
@@ -36,6 +37,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from jobsight.collector import audit_queries, compaction, migrate, profile_queries, queries  # noqa: E402
 from jobsight.collector.embedded_db import EmbeddedPostgres  # noqa: E402
 from jobsight.collector.partitions import PartitionKeeper, partition_name  # noqa: E402
+from jobsight.dashboard import data  # noqa: E402
+from jobsight.dashboard.settings import DashboardSettings  # noqa: E402
 from tests.dashboard.test_query_scale import GPUS, fill_gpu_samples  # noqa: E402
 
 START = dt.datetime(2024, 6, 1, tzinfo=dt.UTC)
@@ -62,11 +65,17 @@ def job_page(conn: psycopg.Connection[Any]) -> None:
         job_page_queries(conn)
 
 
+PAGE = DashboardSettings()
+"""The dashboard's default budgets: the page reads what they let it read."""
+
+
 def job_page_queries(conn: psycopg.Connection[Any]) -> None:
+    """The reads of the job page, as the dashboard makes them (its heatmap, step band and metric
+    budgets), with the markers and the warnings the page shows."""
     queries.get_job(conn, CLUSTER, JOB)
-    queries.gpu_series(conn, CLUSTER, JOB, points=600)
-    queries.step_series(conn, CLUSTER, JOB, points=600)
-    queries.metric_series(conn, CLUSTER, JOB, points=600)
+    data.read_gpu_grid(conn, CLUSTER, JOB, PAGE.heatmap_cells, PAGE.chart_points)
+    data.read_step_grid(conn, CLUSTER, JOB, PAGE.heatmap_cells, PAGE.chart_points)
+    data.read_metric_grid(conn, CLUSTER, JOB, PAGE.line_points, PAGE.chart_points)
     queries.log_events(conn, CLUSTER, JOB, level="WARNING", limit=200)
     queries.epoch_starts(conn, CLUSTER, JOB)
     profile_queries.profile_windows(conn, CLUSTER, JOB)

@@ -75,8 +75,11 @@ CleanStr = Annotated[str, AfterValidator(_no_nul)]
 """A string without NUL, for request bodies (query and path values are checked by :func:`refuse_nul`)."""
 
 
-def refuse_nul(request: Request) -> None:
-    """422 naming the first query or path parameter that holds a NUL character."""
+async def refuse_nul(request: Request) -> None:
+    """422 naming the first query or path parameter that holds a NUL character.
+
+    ``async`` though it awaits nothing: FastAPI runs a plain ``def`` dependency in its thread
+    pool, and this one runs for every request (a round trip between threads for each batch)."""
     problems = [
         {"type": "string_nul", "loc": (where, name), "msg": "NUL character is not allowed", "input": value}
         for where, items in (("path", request.path_params.items()), ("query", request.query_params.multi_items()))

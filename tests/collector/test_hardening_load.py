@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gzip
 import http.client
+import inspect
 import socket
 import threading
 import time
@@ -19,6 +20,7 @@ from typing import Any
 import psycopg
 import pytest
 
+from jobsight.collector.routes.ingest import ingest_context
 from jobsight.commands.agent import DAEMON_BATCH_AGE_S
 from jobsight.protocol.wire import encode_batch, now_us
 from tests.collector.helpers import gz, next_seq, post
@@ -231,3 +233,10 @@ def test_an_idle_connection_outlives_the_node_daemons_batch_age(small_live_colle
     response = conn.getresponse()
     assert response.status == 200 and conn.sock is sock
     conn.close()
+
+
+def test_no_dependency_of_the_ingest_route_runs_in_a_thread(client: Any) -> None:
+    """FastAPI runs a plain ``def`` dependency in its thread pool: a hop between threads per
+    request, which a loaded collector pays for every batch."""
+    app_wide = [d.dependency for d in client.app.router.dependencies]
+    assert app_wide and all(inspect.iscoroutinefunction(call) for call in [*app_wide, ingest_context])
