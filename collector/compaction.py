@@ -20,7 +20,9 @@ For each closed day (one that ended at least ``older_than`` ago) whose ``gpu_sam
    packed ones from it; both tiers are always read (:mod:`jobsight.collector.tiers`).
 
 Then whole partitions go: the (empty) raw partitions of days no record can reach any more (the
-wire refuses records more than 7 days old), and the packed partitions past their retention.
+wire refuses records more than 7 days old), and the packed partitions past their retention, with
+those of ``gpu_hours``: the hour rollup is neither refused, packed nor emptied by the pass (it is
+tiny, and what long jobs' pages read), but it is kept as long as the packed minutes it sums.
 
 One pass runs at a time across every collector process and ``jobsight compact``: the pass holds
 a session-level advisory lock and a pass that cannot take it does nothing.
@@ -42,7 +44,7 @@ from psycopg.rows import tuple_row
 from jobsight.collector.db import Connection
 from jobsight.collector.packed_format import DEVICE_COLUMNS, ENCODINGS, ENERGY_MJ, ORDER
 from jobsight.collector.partitions import PartitionKeeper, partition_name
-from jobsight.collector.schema import PACKED_TABLES, SAMPLE_COUNTS
+from jobsight.collector.schema import PACKED_RETENTION_TABLES, PACKED_TABLES, SAMPLE_COUNTS
 from jobsight.collector.tiers import MINUTE_VALUES, unpack_minutes, unpack_samples
 
 log = logging.getLogger("jobsight.collector")
@@ -129,7 +131,7 @@ def run_pass(
             for day in keeper.days(table):
                 if day < late_limit and keeper.drop_if_empty(conn, table, day):
                     report.dropped.append(partition_name(table, day))
-        report.dropped += keeper.drop_older_than(conn, packed_retention_days, today, tables=PACKED_TABLES)
+        report.dropped += keeper.drop_older_than(conn, packed_retention_days, today, tables=PACKED_RETENTION_TABLES)
     for day_report in report.days:
         log.info("compaction: %s: %d jobs, %d samples in %d blocks, %d minutes; %d raw bytes freed",
                  day_report.day, day_report.jobs, day_report.samples, day_report.sample_blocks,

@@ -3,12 +3,12 @@
 Each batch's id ``(source, seq)`` goes into ``ingest_batches`` in the same transaction as
 its rows (STYLE rule 4), so a batch is stored completely once or not at all, however often
 the agent retries it, and whichever group it lands in. A group writes one COPY per table,
-one upsert of the GPU rollup, one of the step rollup, at most one write per job row and per
-epoch start, for all its batches; see :mod:`jobsight.collector.group_commit` for how groups
+one upsert of each GPU rollup (minutes, then hours), one of the step rollup, at most one write
+per job row and per epoch start, for all its batches; see :mod:`jobsight.collector.group_commit` for how groups
 form and what happens when one fails.
 
-Rows are locked in one order in every group: batch ids, then job rows, then GPU rollup rows,
-step rollup rows and epoch starts, each sorted by key, so that concurrent groups (several
+Rows are locked in one order in every group: batch ids, then job rows, then GPU minute rows,
+GPU hour rows, step rollup rows and epoch starts, each sorted by key, so that concurrent groups (several
 collector processes) wait for one another rather than deadlock.
 """
 
@@ -32,7 +32,7 @@ from jobsight.collector.ingest_rows import (
 )
 from jobsight.collector.jobs_seen import JobKey, JobsSeen, Span, upsert_jobs
 from jobsight.collector.partitions import PartitionKeeper
-from jobsight.collector.rollup import merged, upsert_minutes
+from jobsight.collector.rollup import hourly, merged, upsert_hours, upsert_minutes
 from jobsight.collector.step_rollup import EpochKey, EpochsSeen
 from jobsight.collector.summaries import refresh_ended
 from jobsight.collector.timestamps import ts_from_us
@@ -70,6 +70,8 @@ class Seen:
 
 
 def ensure_partitions(conn: Connection, keeper: PartitionKeeper, prepared: PreparedBatch) -> None:
+    """Make the partitions the batch's rows go to (``gpu_minutes``' come with ``gpu_hours``',
+    see ``partitions.COMPANIONS``)."""
     for table, days in prepared.days.items():
         keeper.ensure(conn, table, days)
 
@@ -147,7 +149,9 @@ def store_group(conn: Connection, items: Sequence[Item], seen: Seen | None = Non
     # What follows the COPY needs no result until the summary check: one pipeline sends it all
     # and waits once, where each statement used to be a round trip of its own.
     with conn.pipeline():
-        upsert_minutes(conn, merged((batch.cluster, prepared.minutes) for batch, prepared in stored))
+        minutes = merged((batch.cluster, prepared.minutes) for batch, prepared in stored)
+        upsert_minutes(conn, minutes)
+        upsert_hours(conn, hourly(minutes))
         step_rollup.upsert_minutes(conn, step_rollup.merged((b.cluster, p.step_minutes) for b, p in stored))
         step_rollup.upsert_epoch_starts(conn, written.epochs)
         for batch, prepared in stored:

@@ -1,7 +1,8 @@
 """Daily range partitions of the time-series tables: made ahead, made on demand for
 late data (a spool replayed days later), dropped past the retention window. The packed
 tier's tables (``PACKED_TABLES``) are partitioned by day too; their partitions are made by
-the compaction pass for the day it packs, and dropped past their own retention."""
+the compaction pass for the day it packs, and dropped past their own retention (with
+``gpu_hours``'s, see ``PACKED_RETENTION_TABLES``)."""
 
 from __future__ import annotations
 
@@ -9,17 +10,28 @@ import datetime as dt
 import logging
 import threading
 from collections.abc import Collection, Iterable
+from typing import Final
 
 from psycopg import sql
 from psycopg.rows import tuple_row
 
 from jobsight.collector.db import Connection
-from jobsight.collector.schema import PACKED_TABLES, PARTITIONED_TABLES
+from jobsight.collector.schema import PACKED_TABLES, PARTITIONED_TABLES, RETENTION_TABLES
 
 log = logging.getLogger("jobsight.collector")
 
 # Serialises partition DDL across collector processes sharing one database.
 _DDL_LOCK_KEY = 0x6A6F6273
+
+
+COMPANIONS: Final[dict[str, tuple[str, ...]]] = {"gpu_minutes": ("gpu_hours",)}
+"""Tables whose partitions are made with another's. The hour rollup is written in the
+transaction that writes the minute rollup, so a day that needs a gpu_minutes partition needs a
+gpu_hours one: asking for the first (the ingest path, seeds, tests) makes both."""
+
+
+def _with_companions(table: str) -> tuple[str, ...]:
+    return (table, *COMPANIONS.get(table, ()))
 
 
 def partition_name(table: str, day: dt.date) -> str:
@@ -67,29 +79,35 @@ class PartitionKeeper:
             return sorted(d for t, d in self._known if t == table)
 
     def missing(self, table: str, days: Iterable[dt.date]) -> list[dt.date]:
+        """The days of ``days`` lacking a partition of ``table`` or of one of its :data:`COMPANIONS`."""
+        return sorted({day for _, day in self._missing(table, days)})
+
+    def _missing(self, table: str, days: Iterable[dt.date]) -> list[tuple[str, dt.date]]:
+        tables = _with_companions(table)
         with self._lock:
-            return sorted({d for d in days if (table, d) not in self._known})
+            return sorted({(t, d) for d in days for t in tables if (t, d) not in self._known})
 
     def ensure(self, conn: Connection, table: str, days: Iterable[dt.date]) -> None:
-        """Create the partitions of ``table`` for ``days``; ``conn`` must be in autocommit."""
-        wanted = self.missing(table, days)
+        """Create the partitions of ``table`` (and of its :data:`COMPANIONS`) for ``days``;
+        ``conn`` must be in autocommit."""
+        wanted = self._missing(table, days)
         if not wanted:
             return
         with conn.transaction():
             conn.execute("SELECT pg_advisory_xact_lock(%s)", (_DDL_LOCK_KEY,))
-            for day in wanted:
+            for parent, day in wanted:
                 conn.execute(
                     sql.SQL(
                         "CREATE TABLE IF NOT EXISTS {} PARTITION OF {} FOR VALUES FROM ({}) TO ({})"
                     ).format(
-                        sql.Identifier(partition_name(table, day)),
-                        sql.Identifier(table),
+                        sql.Identifier(partition_name(parent, day)),
+                        sql.Identifier(parent),
                         sql.Literal(f"{day.isoformat()} 00:00:00+00"),
                         sql.Literal(f"{(day + dt.timedelta(days=1)).isoformat()} 00:00:00+00"),
                     )
                 )
         with self._lock:
-            self._known.update((table, day) for day in wanted)
+            self._known.update(wanted)
 
     def ensure_ahead(self, conn: Connection, days_ahead: int, today: dt.date | None = None) -> None:
         today = today or dt.datetime.now(dt.UTC).date()
@@ -102,9 +120,11 @@ class PartitionKeeper:
         conn: Connection,
         retention_days: int,
         today: dt.date | None = None,
-        tables: Collection[str] = PARTITIONED_TABLES,
+        tables: Collection[str] = RETENTION_TABLES,
     ) -> list[str]:
-        """Drop whole partitions of ``tables`` older than the retention window; returns their names."""
+        """Drop whole partitions of ``tables`` older than the retention window; returns their names.
+        By default the tables kept for ``JOBSIGHT_RETENTION_DAYS``; the compaction pass drops the
+        others (``PACKED_RETENTION_TABLES``) past the packed tier's retention."""
         if retention_days <= 0:
             return []
         today = today or dt.datetime.now(dt.UTC).date()

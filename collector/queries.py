@@ -3,7 +3,8 @@
 Series are downsampled in SQL with ``date_bin`` so no caller ever pulls raw rows for a
 chart: a series of any length comes back as at most ``points`` buckets. GPU samples and the
 per-minute rollup are read from both storage tiers (:mod:`jobsight.collector.tiers`): a job
-whose closed days were packed gives the answers it gave before. Step charts and epoch markers
+whose closed days were packed gives the answers it gave before. The per-hour rollup
+(``gpu_hours``) has one tier: compaction leaves it as it is. Step charts and epoch markers
 read the step rollup (:mod:`jobsight.collector.step_rollup`) rather than a row per step per rank.
 """
 
@@ -37,6 +38,16 @@ class TimeRange:
         """
         span_us = max(int((self.end - self.start) / dt.timedelta(microseconds=1)), 0)
         return (span_us // max(points, 1) + 1) / 1e6
+
+    def from_minute(self) -> TimeRange:
+        """The range from the start of its first minute: what the minute rollup's buckets align to."""
+        return TimeRange(self.start.replace(second=0, microsecond=0), self.end)
+
+    def from_hour(self) -> TimeRange:
+        """The range from the start of its first UTC hour: what the hour rollup's buckets align
+        to (in UTC: a session's zone may be half an hour off it)."""
+        start = self.start.astimezone(dt.UTC) if self.start.tzinfo is not None else self.start
+        return TimeRange(start.replace(minute=0, second=0, microsecond=0), self.end)
 
 
 def list_jobs(
@@ -152,6 +163,8 @@ CHART_SETTINGS = {
 # Buckets at least this wide read the per-minute rollup: each then holds two or more
 # whole minutes, so no bucket is left empty by the coarser grain.
 ROLLUP_MIN_BUCKET_S = 120.0
+# Buckets at least this wide read the per-hour rollup, by the same rule.
+HOUR_ROLLUP_MIN_BUCKET_S = 7200.0
 
 
 def gpu_series(
@@ -166,8 +179,11 @@ def gpu_series(
     """Per GPU (node, index, MIG device) and time bucket: mean utilisation, max memory,
     mean power and temperature. At most ``points`` buckets per GPU.
 
-    Wide buckets come from the per-minute rollup (a 24-hour job never reads its samples); a
-    job with no rollup rows (ingested before the rollup existed) reads the samples.
+    Wide buckets come from the rollups: two hours or more from the per-hour one (a 9-day job
+    reads thousands of rows), two minutes or more from the per-minute one (a 24-hour job never
+    reads its samples). A rollup counts whole hours or minutes: a window that starts or ends
+    inside one takes all of it. A job with no rollup rows (ingested before the rollup existed)
+    reads the samples.
     """
     rows: list[dict[str, Any]] = []
     statements = gpu_series_statements(conn, cluster, job_id, start=start, end=end, points=points)
@@ -191,33 +207,28 @@ def gpu_series_statements(
     end: dt.datetime | None = None,
     points: int = 500,
 ) -> list[tuple[str, dict[str, Any]]]:
-    """The statements :func:`gpu_series` runs, in order, until one returns rows: the rollup's
-    when the buckets are wide enough, then the samples'. (Tests EXPLAIN them.)"""
+    """The statements :func:`gpu_series` runs, in order, until one returns rows: the hour
+    rollup's and the minute rollup's when the buckets are wide enough for them, then the
+    samples'. All give the same columns. (Tests EXPLAIN them.)"""
     points = min(max(points, 1), MAX_POINTS)
     window = _resolve_range(conn, "gpu_samples", cluster, job_id, start, end)
     if window is None:
         return []
-    statements: list[tuple[str, dict[str, Any]]] = []
-    minute_window = TimeRange(window.start.replace(second=0, microsecond=0), window.end)
-    if minute_window.bucket_seconds(points) >= ROLLUP_MIN_BUCKET_S:
-        statements.append((_GPU_FROM_MINUTES, {
-            "width": minute_window.bucket_seconds(points),
-            "origin": minute_window.start,
-            "end": window.end,
-            "job": job_id,
-            "cluster": cluster,
-        }))
-    statements.append((_GPU_FROM_SAMPLES, {
-        "width": window.bucket_seconds(points),
-        "origin": window.start,
-        "end": window.end,
-        "job": job_id,
-        "cluster": cluster,
-    }))
+    grains = ((window.from_hour(), HOUR_ROLLUP_MIN_BUCKET_S, GPU_FROM_HOURS),
+              (window.from_minute(), ROLLUP_MIN_BUCKET_S, GPU_FROM_MINUTES))
+    statements = [(query, _bucket_params(aligned, window.end, points, job_id, cluster))
+                  for aligned, least, query in grains if aligned.bucket_seconds(points) >= least]
+    statements.append((GPU_FROM_SAMPLES, _bucket_params(window, window.end, points, job_id, cluster)))
     return statements
 
 
-_GPU_FROM_SAMPLES = f"""
+def _bucket_params(aligned: TimeRange, end: dt.datetime, points: int, job_id: str, cluster: str) -> dict[str, Any]:
+    """Buckets of ``aligned`` (its start is their origin) up to ``end``, the window's own."""
+    return {"width": aligned.bucket_seconds(points), "origin": aligned.start, "end": end, "job": job_id,
+            "cluster": cluster}
+
+
+GPU_FROM_SAMPLES = f"""
 SELECT node, gpu_index, gpu_uuid, mig_uuid,
        date_bin(make_interval(secs => %(width)s), ts, %(origin)s) AS bucket,
        avg(util_gpu) AS util_gpu, avg(util_mem) AS util_mem,
@@ -230,20 +241,37 @@ GROUP BY node, gpu_index, gpu_uuid, mig_uuid, bucket
 ORDER BY node, gpu_index, mig_uuid NULLS FIRST, bucket
 """
 
-_GPU_FROM_MINUTES = f"""
+
+def _from_rollup(bucket_of: str, rows: str) -> str:
+    """A GPU series from rollup ``rows`` (a table, or a parenthesised SELECT with an alias), each
+    row in the bucket of ``bucket_of`` (SQL on its ``ts``): the columns of :data:`GPU_FROM_SAMPLES`."""
+    return f"""
 SELECT nullif(node, '') AS node, gpu_index, min(gpu_uuid) AS gpu_uuid, nullif(mig_uuid, '') AS mig_uuid,
-       date_bin(make_interval(secs => %(width)s), ts, %(origin)s) AS bucket,
+       date_bin(make_interval(secs => %(width)s), {bucket_of}, %(origin)s) AS bucket,
        sum(util_gpu_sum) / nullif(sum(util_gpu_n), 0) AS util_gpu,
        sum(util_mem_sum) / nullif(sum(util_mem_n), 0) AS util_mem,
        max(mem_used_max) AS mem_used, max(mem_total_max) AS mem_total,
        sum(power_sum) / nullif(sum(power_n), 0) AS power_w, sum(temp_sum) / nullif(sum(temp_n), 0) AS temp_c,
        max(energy_max) AS energy_j, bool_or(lost) AS lost, sum(samples) AS samples
-FROM {tiers.minutes(("gpu_uuid", "util_gpu_sum", "util_gpu_n", "util_mem_sum", "util_mem_n", "mem_used_max",
-                     "mem_total_max", "power_sum", "power_n", "temp_sum", "temp_n", "energy_max", "lost", "samples"),
-                    start="%(origin)s", end="%(end)s")} m
+FROM {rows}
 GROUP BY node, gpu_index, mig_uuid, bucket
 ORDER BY node, gpu_index, mig_uuid, bucket
 """
+
+
+_ROLLUP_COLUMNS = ("gpu_uuid", "util_gpu_sum", "util_gpu_n", "util_mem_sum", "util_mem_n", "mem_used_max",
+                   "mem_total_max", "power_sum", "power_n", "temp_sum", "temp_n", "energy_max", "lost", "samples")
+
+GPU_FROM_MINUTES = _from_rollup("ts", f"{tiers.minutes(_ROLLUP_COLUMNS, start='%(origin)s', end='%(end)s')} m")
+
+# An hour goes to the bucket that holds its middle (or the window's end, if that comes first):
+# TimeRange.bucket_seconds makes buckets a microsecond wider than whole hours (7200.000001 s), so
+# an hour that starts a bucket would go by its start to the bucket before, with all its samples.
+# Over buckets of whole hours, the middle's bucket is that of each of the hour's minutes.
+GPU_FROM_HOURS = _from_rollup(
+    "least(ts + interval '30 minutes', %(end)s)",
+    """gpu_hours h WHERE job_id = %(job)s AND cluster = %(cluster)s AND ts >= %(origin)s AND ts <= %(end)s""",
+)
 
 
 def metric_series(
@@ -337,7 +365,7 @@ def step_series_statements(
         return []
     statements: list[tuple[str, dict[str, Any]]] = []
     params = {"job": job_id, "cluster": cluster, "end": window.end}
-    minute_window = TimeRange(window.start.replace(second=0, microsecond=0), window.end)
+    minute_window = window.from_minute()
     if minute_window.bucket_seconds(points) >= STEP_ROLLUP_MIN_BUCKET_S:
         statements.append((STEPS_FROM_MINUTES, {
             **params, "width": minute_window.bucket_seconds(points), "origin": minute_window.start}))

@@ -1,11 +1,14 @@
-"""The per-minute GPU rollup (``gpu_minutes``), folded into each ingest transaction.
+"""The per-minute and per-hour GPU rollups (``gpu_minutes``, ``gpu_hours``), folded into each
+ingest transaction.
 
 GPU samples are summed per (job, node, GPU, MIG device, minute) in Python when a batch is
 prepared (:meth:`MinuteRollup.add_rows`, in the decode thread). The group commit merges the
 rollups of every batch it writes per (cluster, key) and adds them to the stored rows with
-one ``INSERT … ON CONFLICT DO UPDATE`` (:func:`upsert_minutes`). Sums, counts and extremes
-make the result independent of how samples were split into batches and groups; rows are
-written in key order so that concurrent groups lock them in the same order (no deadlock).
+one ``INSERT … ON CONFLICT DO UPDATE`` (:func:`upsert_minutes`); the same minute sums combined
+per hour (:func:`hourly`) go to ``gpu_hours`` the same way (:func:`upsert_hours`). Sums, counts
+and extremes make the result independent of how samples were split into batches and groups;
+rows are written in key order, minutes then hours, so that concurrent groups lock them in the
+same order (no deadlock).
 """
 
 from __future__ import annotations
@@ -16,9 +19,11 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 import orjson
+from psycopg.rows import tuple_row
 
 from jobsight.collector import tiers
 from jobsight.collector.db import Connection
+from jobsight.collector.partitions import PartitionKeeper
 from jobsight.collector.schema import gpu_samples
 from jobsight.collector.timestamps import MINUTE_US, day_of_us, ts_from_us
 
@@ -28,7 +33,12 @@ IDLE_UTIL = 5.0
 Key = tuple[str, str, int, str, int]
 """job, node ('' for none), GPU index, MIG uuid ('' for none), minute (µs since the epoch)."""
 ClusterKey = tuple[str, str, str, int, str, int]
-"""The cluster, then a :data:`Key`: what one ``gpu_minutes`` row is keyed by."""
+"""The cluster, then a :data:`Key`: what one ``gpu_minutes`` (or ``gpu_hours``) row is keyed by."""
+
+HOUR_US: Final = 60 * MINUTE_US
+HOUR_ORIGIN: Final = "TIMESTAMPTZ '2000-01-01 00:00:00+00'"
+"""``date_bin`` origin: UTC hours whatever the session's time zone (``date_trunc`` would take
+the session's hours, half an hour off in some zones)."""
 
 # Positions in a gpu_samples row (ingest_rows builds rows in the table's column order).
 _AT: Final = {column.name: i for i, column in enumerate(gpu_samples.columns)}
@@ -152,6 +162,18 @@ def merged(parts: Iterable[tuple[str, MinuteRollup]]) -> dict[ClusterKey, Minute
     return out
 
 
+def hourly(minutes: dict[ClusterKey, MinuteSums]) -> dict[ClusterKey, MinuteSums]:
+    """:func:`merged` minute rows combined per UTC hour (the key's time is the hour's). In key
+    order, so that an hour's ``gpu_uuid`` is its first minute's, as ``gpu_minutes`` keeps the
+    first one stored, and its float sums come out the same for the same minutes."""
+    out: dict[ClusterKey, MinuteSums] = {}
+    for key in sorted(minutes):
+        hour = (*key[:5], key[5] - key[5] % HOUR_US)
+        seen = out.get(hour)
+        out[hour] = minutes[key] if seen is None else combined(seen, minutes[key])
+    return out
+
+
 _COLUMNS = (
     "gpu_uuid", "samples", "util_gpu_sum", "util_gpu_n", "util_gpu_max", "util_idle_n", "util_mem_sum",
     "util_mem_n", "mem_used_max", "mem_total_max", "power_sum", "power_n", "temp_sum", "temp_n", "energy_min",
@@ -168,11 +190,15 @@ _ADDED = ("samples", "util_gpu_sum", "util_gpu_n", "util_idle_n", "util_mem_sum"
 _GREATEST = ("util_gpu_max", "mem_used_max", "mem_total_max", "energy_max", "last_ts")
 _LEAST = ("energy_min", "first_ts")
 
-# The rows go in as one JSON array (orjson writes it in C, and floats as the shortest text that
-# reads back as the same double), not as 26 arrays, which psycopg dumped element by element
-# in Python: that was most of the cost of a group of small batches. Rows are in key order.
-_UPSERT = f"""
-INSERT INTO gpu_minutes AS g ({", ".join(_KEY)}, {", ".join(_COLUMNS)})
+
+def _upsert(table: str) -> str:
+    """The statement adding rollup rows to ``table`` (``gpu_minutes`` or ``gpu_hours``).
+
+    The rows go in as one JSON array (orjson writes it in C, and floats as the shortest text that
+    reads back as the same double), not as 26 arrays, which psycopg dumped element by element
+    in Python: that was most of the cost of a group of small batches. Rows are in key order."""
+    return f"""
+INSERT INTO {table} AS g ({", ".join(_KEY)}, {", ".join(_COLUMNS)})
 SELECT {", ".join(_KEY)}, {", ".join(_COLUMNS)}
 FROM jsonb_to_recordset(%s::jsonb) AS r(
     {", ".join(f"{c} {t}" for c, t in zip((*_KEY, *_COLUMNS), (*_KEY_TYPES, *_TYPES), strict=True))})
@@ -184,6 +210,9 @@ ON CONFLICT (job_id, cluster, node, gpu_index, mig_uuid, ts) DO UPDATE SET
 """
 
 
+_UPSERT: Final = {table: _upsert(table) for table in ("gpu_minutes", "gpu_hours")}
+
+
 def _as_json(key: ClusterKey, s: MinuteSums) -> dict[str, Any]:
     row = dict(zip(_KEY, key, strict=True))
     row["ts"] = ts_from_us(key[5])
@@ -193,11 +222,21 @@ def _as_json(key: ClusterKey, s: MinuteSums) -> dict[str, Any]:
     return row
 
 
-def upsert_minutes(conn: Connection, rows: dict[ClusterKey, MinuteSums]) -> None:
-    """Add :func:`merged` rows to ``gpu_minutes``, in key order, in one statement."""
+def _upsert_rows(conn: Connection, table: str, rows: dict[ClusterKey, MinuteSums]) -> None:
     if not rows:
         return
-    conn.execute(_UPSERT, (orjson.dumps([_as_json(key, rows[key]) for key in sorted(rows)]).decode(),))
+    conn.execute(_UPSERT[table], (orjson.dumps([_as_json(key, rows[key]) for key in sorted(rows)]).decode(),))
+
+
+def upsert_minutes(conn: Connection, rows: dict[ClusterKey, MinuteSums]) -> None:
+    """Add :func:`merged` rows to ``gpu_minutes``, in key order, in one statement."""
+    _upsert_rows(conn, "gpu_minutes", rows)
+
+
+def upsert_hours(conn: Connection, rows: dict[ClusterKey, MinuteSums]) -> None:
+    """Add :func:`hourly` rows to ``gpu_hours``, in key order, in one statement: after
+    :func:`upsert_minutes`, in its transaction."""
+    _upsert_rows(conn, "gpu_hours", rows)
 
 
 _REBUILD = f"""
@@ -215,12 +254,51 @@ GROUP BY date_trunc('minute', ts), coalesce(node, ''), gpu_index, coalesce(mig_u
 """
 
 
+def _hour_value(column: str) -> str:
+    """How the minutes of an hour make the hour's ``column``: as :func:`combined` adds them
+    (``gpu_uuid`` aside: the least, as the minutes' own rebuild takes it)."""
+    if column in _ADDED:
+        return f"sum({column})"
+    if column in _GREATEST:
+        return f"max({column})"
+    if column == "lost":
+        return "bool_or(lost)"
+    return f"min({column})"  # _LEAST's, and gpu_uuid
+
+
+_HOUR = f"date_bin('1 hour', ts, {HOUR_ORIGIN})"
+
+# From the job's minutes once they are all hot (rebuild_minutes has just written them).
+_REBUILD_HOURS = f"""
+INSERT INTO gpu_hours (cluster, job_id, ts, node, gpu_index, mig_uuid, {", ".join(_COLUMNS)})
+SELECT cluster, job_id, {_HOUR}, node, gpu_index, mig_uuid, {", ".join(_hour_value(c) for c in _COLUMNS)}
+FROM gpu_minutes WHERE cluster = %(cluster)s AND job_id = %(job)s
+GROUP BY cluster, job_id, {_HOUR}, node, gpu_index, mig_uuid
+"""
+
+_MINUTE_DAYS = """SELECT DISTINCT (ts AT TIME ZONE 'UTC')::date AS day FROM gpu_minutes
+                  WHERE cluster = %(cluster)s AND job_id = %(job)s"""
+
+
 def rebuild_minutes(conn: Connection, cluster: str, job_id: str) -> None:
-    """Recompute a job's rollup from its samples (both tiers): for rows written around the
-    ingest path (bulk loads, jobs stored before the rollup existed). The rows go to
-    ``gpu_minutes``, whose partitions for the job's days must exist; the packed minutes of the
-    job are removed, and the next compaction pass packs the closed days again."""
+    """Recompute a job's rollups (minutes and hours) from its samples (both tiers): for rows
+    written around the ingest path (bulk loads, jobs stored before the rollup existed). The
+    minutes go to ``gpu_minutes``, whose partitions for the job's days must exist (the hours'
+    are made here); the packed minutes of the job are removed, and the next compaction pass
+    packs the closed days again."""
     params = {"cluster": cluster, "job": job_id, "idle": IDLE_UTIL}
     conn.execute("DELETE FROM gpu_minutes WHERE cluster = %(cluster)s AND job_id = %(job)s", params)
     conn.execute(_REBUILD, params)
     conn.execute("DELETE FROM gpu_minute_blocks WHERE cluster = %(cluster)s AND job_id = %(job)s", params)
+    rebuild_hours(conn, cluster, job_id)
+
+
+def rebuild_hours(conn: Connection, cluster: str, job_id: str) -> None:
+    """Recompute a job's ``gpu_hours`` rows from its ``gpu_minutes`` rows (its packed minutes
+    are not read: call this when the job has none, as after :func:`rebuild_minutes`)."""
+    params = {"cluster": cluster, "job": job_id}
+    with conn.cursor(row_factory=tuple_row) as cur:  # whatever rows the caller's connection makes
+        days = [row[0] for row in cur.execute(_MINUTE_DAYS, params).fetchall()]
+    PartitionKeeper().ensure(conn, "gpu_hours", days)
+    conn.execute("DELETE FROM gpu_hours WHERE cluster = %(cluster)s AND job_id = %(job)s", params)
+    conn.execute(_REBUILD_HOURS, params)

@@ -131,20 +131,37 @@ def _most_ranks_per_metric(rows: Sequence[dict[str, Any]]) -> int:
     return max(map(len, ranks.values()), default=0)
 
 
-def minute_rollup_points(window: queries.TimeRange, points: int) -> int:
-    """``points``, or fewer (down to half) when that makes :func:`queries.gpu_series` read its
-    per-minute rollup instead of the raw samples.
+def rollup_points(window: queries.TimeRange, points: int) -> int:
+    """``points``, or fewer (down to half) when that makes :func:`queries.gpu_series` read a
+    rollup (hours, else minutes) instead of a finer one or the raw samples.
 
-    Buckets of at least ``queries.ROLLUP_MIN_BUCKET_S`` read ``gpu_minutes``: some sixty times
-    fewer rows. A budget that lands just under that width (a 512-GPU job's 15 buckets over 30
-    minutes are two minutes wide, give or take a second) would otherwise scan every sample: 0.7 s
-    instead of 0.06 s for that job. The width is worked out as the query does, from the range's
-    first minute; should that rule change, this only stops saving time."""
-    minutes = queries.TimeRange(window.start.replace(second=0, microsecond=0), window.end)
-    if minutes.bucket_seconds(points) >= queries.ROLLUP_MIN_BUCKET_S:
+    Buckets of at least ``queries.HOUR_ROLLUP_MIN_BUCKET_S`` read ``gpu_hours``, and of at least
+    ``queries.ROLLUP_MIN_BUCKET_S`` ``gpu_minutes``: each some sixty times fewer rows than the
+    grain below. A budget that lands just under a threshold would otherwise read the finer
+    grain: a 512-GPU job's 15 buckets over 30 minutes are two minutes wide, give or take a
+    second (0.7 s on its samples instead of 0.06 s on its minutes); a 64-GPU job's 125 buckets
+    over 9 days are 1.7 hours wide (830 k minute rows instead of 14 k hour rows). The widths are
+    worked out as the query does, from the range's first hour or minute; should that rule change,
+    this only stops saving time."""
+    for aligned, least in ((window.from_hour(), queries.HOUR_ROLLUP_MIN_BUCKET_S),
+                           (window.from_minute(), queries.ROLLUP_MIN_BUCKET_S)):
+        fitted = _points_for(aligned, points, least)
+        if fitted is not None:
+            return fitted
+    return points
+
+
+def _points_for(aligned: queries.TimeRange, points: int, least: float) -> int | None:
+    """``points`` if its buckets over ``aligned`` are ``least`` seconds or wider; else the most
+    points that are, if that is at least half of ``points``; else ``None``."""
+    if aligned.bucket_seconds(points) >= least:
         return points
-    fitted = int((minutes.end - minutes.start).total_seconds() // queries.ROLLUP_MIN_BUCKET_S)
-    return fitted if fitted >= max(points / 2, 1) else points
+    fitted = int((aligned.end - aligned.start).total_seconds() // least)
+    return fitted if fitted >= max(points / 2, 1) else None
+
+
+# The name the minute snapping had before it snapped to hours too (tests import it).
+minute_rollup_points = rollup_points
 
 
 def _read_grid(conn: Connection, read: Callable[..., list[dict[str, Any]]], table: str, count: SeriesCount,
@@ -152,7 +169,7 @@ def _read_grid(conn: Connection, read: Callable[..., list[dict[str, Any]]], tabl
     """``read`` (a query-layer series function) for the whole run at the resolution that keeps
     ``series × buckets`` within ``cells`` (:func:`points_per_series`, the series as ``count``
     counts them); with ``rollup``, rounded
-    down to the per-minute rollup's grid when close to it (:func:`minute_rollup_points`).
+    down to the hour or minute rollup's grid when close to it (:func:`rollup_points`).
 
     The number of series is not known before reading them, so it is taken from a cheap probe (one
     bucket over the last :data:`PROBE` of data); series that had stopped by then are found in the
@@ -164,7 +181,7 @@ def _read_grid(conn: Connection, read: Callable[..., list[dict[str, Any]]], tabl
 
     def fit(series: int) -> int:
         points = points_per_series(cells, series, most)
-        return minute_rollup_points(window, points) if rollup else points
+        return rollup_points(window, points) if rollup else points
 
     recent = read(conn, cluster, job_id, start=max(window.start, window.end - PROBE), end=window.end, points=1)
     guess = count(recent)
@@ -178,7 +195,7 @@ def _read_grid(conn: Connection, read: Callable[..., list[dict[str, Any]]], tabl
 
 def read_gpu_grid(conn: Connection, cluster: str, job_id: str, cells: int, most: int) -> list[dict[str, Any]]:
     """Every GPU's series, ``cells // GPUs`` buckets each (at most ``most``, at times fewer to read
-    the per-minute rollup): the heatmap's cells."""
+    the per-hour or per-minute rollup): the heatmap's cells."""
     return _read_grid(conn, queries.gpu_series, "gpu_samples", _distinct("node", "gpu_index", "mig_uuid"), cluster,
                       job_id, cells, most, rollup=True)
 

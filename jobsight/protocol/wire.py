@@ -299,7 +299,7 @@ def _column_fits(values: list[Any], optional: bool, fast_types: tuple[type, ...]
         total = sum(values)  # NaN and infinities make it NaN or infinite; no bound is either
     except OverflowError:  # an integer too large for a float, in a float field
         return False
-    return total == total and abs(total) != float("inf") and lo <= min(values) and max(values) <= hi
+    return bool(total == total and abs(total) != float("inf") and lo <= min(values) and max(values) <= hi)
 
 
 def _kind_fits(kind: str, records: list[dict[str, Any]], now: int) -> bool:
@@ -313,9 +313,10 @@ def _kind_fits(kind: str, records: list[dict[str, Any]], now: int) -> bool:
             return False
         if not _column_fits(list(map(dict.get, records, repeat(name))), optional, fast_types, lo, hi):
             return False
-    times = list(map(dict.get, records, repeat("ts")))
-    return (all(map(dict.get, records, repeat("job"))) and MIN_TS_US <= min(times)
-            and max(times) <= now + FUTURE_SLACK_US and min(times) >= now - MAX_RECORD_AGE_DAYS * _DAY_US)
+    times: list[int] = list(map(dict.__getitem__, records, repeat("ts")))  # every "ts" is an int by now
+    first, last = min(times), max(times)
+    return (all(map(dict.__getitem__, records, repeat("job"))) and MIN_TS_US <= first
+            and last <= now + FUTURE_SLACK_US and first >= now - MAX_RECORD_AGE_DAYS * _DAY_US)
 
 
 def validate_records(records: list[Any], now: int) -> list[dict[str, Any]]:

@@ -108,6 +108,7 @@ NOT_FROM_RECORDS: dict[str, dict[str, str]] = {
 # Tables that records do not map onto field by field.
 OTHER_TABLES: dict[str, str] = {
     "gpu_minutes": "per-minute sums of gpu_samples, rolled up at ingest (collector/rollup.py)",
+    "gpu_hours": "per-hour sums of gpu_minutes, rolled up at ingest (collector/rollup.py)",
     "gpu_devices": "dictionary of the GPUs named by packed blocks (collector/compaction.py)",
     "gpu_sample_blocks": "packed tier: one job's samples of one GPU in one hour (collector/packed_format.py)",
     "gpu_sample_timelines": "packed tier: the sample times blocks share (collector/compaction.py)",
