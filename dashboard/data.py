@@ -163,13 +163,49 @@ def _points_for(aligned: queries.TimeRange, points: int, least: float) -> int | 
 # The name the minute snapping had before it snapped to hours too (tests import it).
 minute_rollup_points = rollup_points
 
+RAW_ROWS_MAX = 20_000
+"""Raw rows a grid may read; a job whose series would read more (a 64-GPU job's first half hour
+at 1 Hz is 115 k samples) reads its per-minute rollup even when that gives fewer buckets than
+the budget allows, as long as it gives at least :data:`MIN_ROLLUP_POINTS`."""
+MIN_ROLLUP_POINTS = 10
+
+
+@dataclass(frozen=True)
+class Rollup:
+    """The finest rollup a grid's query reads: from buckets of ``least_s`` seconds, and the
+    column of its rows that counts the raw rows each bucket holds."""
+
+    least_s: float
+    count: str
+
+
+GPU_ROLLUP = Rollup(queries.ROLLUP_MIN_BUCKET_S, "samples")
+STEP_ROLLUP = Rollup(queries.STEP_ROLLUP_MIN_BUCKET_S, "steps")
+
+
+def raw_budget_points(window: queries.TimeRange, points: int, recent: Sequence[dict[str, Any]],
+                      rollup: Rollup) -> int:
+    """``points``, or the rollup's grid when reading ``points`` buckets would read more than
+    :data:`RAW_ROWS_MAX` raw rows. The raw rows are estimated from ``recent`` (one bucket per
+    series over the last :data:`PROBE`): a short job's rows come at the rate of its last minutes."""
+    aligned = window.from_minute()
+    if aligned.bucket_seconds(points) >= rollup.least_s:
+        return points  # the rollup is read already
+    span_s = (window.end - window.start).total_seconds()
+    probe_s = min(PROBE.total_seconds(), span_s) or 1.0
+    raw = sum(int(r.get(rollup.count) or 0) for r in recent) * span_s / probe_s
+    fitted = int((aligned.end - aligned.start).total_seconds() // rollup.least_s)
+    return fitted if raw > RAW_ROWS_MAX and fitted >= MIN_ROLLUP_POINTS else points
+
 
 def _read_grid(conn: Connection, read: Callable[..., list[dict[str, Any]]], table: str, count: SeriesCount,
-               cluster: str, job_id: str, cells: int, most: int, *, rollup: bool = False) -> list[dict[str, Any]]:
+               cluster: str, job_id: str, cells: int, most: int, *, rollup: Rollup | None = None,
+               snap: bool = False) -> list[dict[str, Any]]:
     """``read`` (a query-layer series function) for the whole run at the resolution that keeps
     ``series × buckets`` within ``cells`` (:func:`points_per_series`, the series as ``count``
-    counts them); with ``rollup``, rounded
-    down to the hour or minute rollup's grid when close to it (:func:`rollup_points`).
+    counts them); with ``snap``, rounded down to the hour or minute rollup's grid when close to it
+    (:func:`rollup_points`); with ``rollup``, on the rollup's grid when the raw rows would be too
+    many (:func:`raw_budget_points`).
 
     The number of series is not known before reading them, so it is taken from a cheap probe (one
     bucket over the last :data:`PROBE` of data); series that had stopped by then are found in the
@@ -179,11 +215,13 @@ def _read_grid(conn: Connection, read: Callable[..., list[dict[str, Any]]], tabl
     if window is None:
         return []
 
+    recent = read(conn, cluster, job_id, start=max(window.start, window.end - PROBE), end=window.end, points=1)
+
     def fit(series: int) -> int:
         points = points_per_series(cells, series, most)
-        return rollup_points(window, points) if rollup else points
+        points = rollup_points(window, points) if snap else points
+        return raw_budget_points(window, points, recent, rollup) if rollup else points
 
-    recent = read(conn, cluster, job_id, start=max(window.start, window.end - PROBE), end=window.end, points=1)
     guess = count(recent)
     points = fit(guess)
     rows = read(conn, cluster, job_id, start=window.start, end=window.end, points=points)
@@ -197,13 +235,14 @@ def read_gpu_grid(conn: Connection, cluster: str, job_id: str, cells: int, most:
     """Every GPU's series, ``cells // GPUs`` buckets each (at most ``most``, at times fewer to read
     the per-hour or per-minute rollup): the heatmap's cells."""
     return _read_grid(conn, queries.gpu_series, "gpu_samples", _distinct("node", "gpu_index", "mig_uuid"), cluster,
-                      job_id, cells, most, rollup=True)
+                      job_id, cells, most, rollup=GPU_ROLLUP, snap=True)
 
 
 def read_step_grid(conn: Connection, cluster: str, job_id: str, cells: int, most: int) -> list[dict[str, Any]]:
     """Every rank's step series, ``cells // ranks`` buckets each (at most ``most``): what the step
     band is computed from, read at the heatmap's budget so a rank-per-GPU job gets the same buckets."""
-    return _read_grid(conn, queries.step_series, "steps", _distinct("rank"), cluster, job_id, cells, most)
+    return _read_grid(conn, queries.step_series, "steps", _distinct("rank"), cluster, job_id, cells, most,
+                      rollup=STEP_ROLLUP)
 
 
 def read_metric_grid(conn: Connection, cluster: str, job_id: str, points: int, most: int) -> list[dict[str, Any]]:
