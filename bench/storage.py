@@ -13,9 +13,10 @@ every 10 minutes, clocks throttled now and then; PCIe throughput and the GPM rat
 arbitrary doubles) are noisy. The per-minute rollup is built as the ingest path builds it.
 
 "All in" is everything each tier keeps on disk: heap, TOAST, indexes (and their free-space and
-visibility maps) of the raw partitions plus the rollup (``gpu_minutes``), against the packed
+visibility maps) of the raw partitions plus the rollups (``gpu_minutes``, ``gpu_hours``), against the packed
 tables (``gpu_sample_blocks``, ``gpu_sample_timelines``, the ``gpu_devices`` dictionary and the
-packed rollup ``gpu_minute_blocks``) after a compaction pass has emptied the raw partitions.
+packed rollup ``gpu_minute_blocks``, and ``gpu_hours``, which is never packed) after a compaction pass has
+emptied the raw partitions.
 """
 
 from __future__ import annotations
@@ -144,14 +145,15 @@ def bench(server: EmbeddedPostgres, gpus: int, hours: float, gpm: bool) -> None:
         samples = build(conn, gpus, hours, gpm)
         built = time.monotonic() - began
         conn.execute("VACUUM ANALYZE")
-        raw = {**sizes(conn, ("gpu_samples",)), "dictionary": 0, "rollup": sum(sizes(conn, ("gpu_minutes",)).values())}
+        raw = {**sizes(conn, ("gpu_samples",)), "dictionary": 0,
+               "rollup": sum(sizes(conn, ("gpu_minutes", "gpu_hours")).values())}
         began = time.monotonic()
         compaction.run_pass(conn, PartitionKeeper(), older_than=dt.timedelta(0), packed_retention_days=0)
         packed_in = time.monotonic() - began
         conn.execute("VACUUM ANALYZE")
         packed = {**sizes(conn, ("gpu_sample_blocks", "gpu_sample_timelines", "gpu_samples")),
                   "dictionary": sum(sizes(conn, ("gpu_devices",)).values()),
-                  "rollup": sum(sizes(conn, ("gpu_minute_blocks", "gpu_minutes")).values())}
+                  "rollup": sum(sizes(conn, ("gpu_minute_blocks", "gpu_minutes", "gpu_hours")).values())}
         columns = column_bytes(conn, samples)
     with psycopg.connect(admin, autocommit=True) as conn:
         conn.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
