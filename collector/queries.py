@@ -185,17 +185,22 @@ def gpu_series(
     inside one takes all of it. A job with no rollup rows (ingested before the rollup existed)
     reads the samples.
     """
-    rows: list[dict[str, Any]] = []
     statements = gpu_series_statements(conn, cluster, job_id, start=start, end=end, points=points)
     if statements and (not conn.autocommit or conn.info.transaction_status == TransactionStatus.INTRANS):
         # For this transaction only (the API's or the dashboard's unit of work), see CHART_SETTINGS.
         for name, value in CHART_SETTINGS.items():
             conn.execute("SELECT set_config(%(name)s, %(value)s, true)", {"name": name, "value": value})
+    return first_with_rows(conn, statements)
+
+
+def first_with_rows(conn: Connection, statements: list[tuple[str, dict[str, Any]]]) -> list[dict[str, Any]]:
+    """The rows of the first statement that returns any (a rollup, then a finer grain for the
+    jobs the rollup does not hold); none when no statement does."""
     for query, params in statements:
         rows = conn.execute(query, params).fetchall()
         if rows:
-            break
-    return rows
+            return rows
+    return []
 
 
 def gpu_series_statements(
@@ -339,12 +344,7 @@ def step_series(
     Buckets of a minute or more come from the per-rank minute rollup (a 512-rank job never
     reads its steps); a job with no rollup rows (ingested before the rollup existed) reads the
     steps."""
-    rows: list[dict[str, Any]] = []
-    for query, params in step_series_statements(conn, cluster, job_id, start=start, end=end, points=points):
-        rows = conn.execute(query, params).fetchall()
-        if rows:
-            break
-    return rows
+    return first_with_rows(conn, step_series_statements(conn, cluster, job_id, start=start, end=end, points=points))
 
 
 def step_series_statements(

@@ -14,9 +14,9 @@ same order (no deadlock).
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
 import orjson
 from psycopg.rows import tuple_row
@@ -149,17 +149,25 @@ class MinuteRollup:
         return {day_of_us(key[4]) for key in self.sums}
 
 
-def merged(parts: Iterable[tuple[str, MinuteRollup]]) -> dict[ClusterKey, MinuteSums]:
-    """The rollups of several batches (with their clusters) as one set of rows, summed where
-    batches share a key, so that one statement never proposes a row twice (which ``ON
-    CONFLICT DO UPDATE`` refuses)."""
-    out: dict[ClusterKey, MinuteSums] = {}
-    for cluster, rollup in parts:
-        for key, sums in rollup.sums.items():
+S = TypeVar("S")
+
+
+def merge_keyed(parts: Iterable[tuple[str, Mapping[tuple[Any, ...], S]]], combine: Callable[[S, S], S]) -> dict[Any, S]:
+    """Several batches' sums (each with its cluster) as one set of rows keyed ``(cluster, *key)``,
+    combined where batches share a key, so that one statement never proposes a row twice (which
+    ``ON CONFLICT DO UPDATE`` refuses)."""
+    out: dict[Any, S] = {}
+    for cluster, sums_by_key in parts:
+        for key, sums in sums_by_key.items():
             full = (cluster, *key)
             seen = out.get(full)
-            out[full] = sums if seen is None else combined(seen, sums)
+            out[full] = sums if seen is None else combine(seen, sums)
     return out
+
+
+def merged(parts: Iterable[tuple[str, MinuteRollup]]) -> dict[ClusterKey, MinuteSums]:
+    """The rollups of several batches (with their clusters) as one set of ``gpu_minutes`` rows."""
+    return merge_keyed(((cluster, rollup.sums) for cluster, rollup in parts), combined)
 
 
 def hourly(minutes: dict[ClusterKey, MinuteSums]) -> dict[ClusterKey, MinuteSums]:

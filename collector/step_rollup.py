@@ -28,6 +28,7 @@ from typing import Any, Final
 import orjson
 
 from jobsight.collector.db import Connection
+from jobsight.collector.rollup import merge_keyed
 from jobsight.collector.schema import steps
 from jobsight.collector.timestamps import MINUTE_US, day_of_us, ts_from_us
 
@@ -129,16 +130,8 @@ class StepRollup:
 
 
 def merged(parts: Iterable[tuple[str, StepRollup]]) -> dict[ClusterKey, StepSums]:
-    """The rollups of several batches (with their clusters) as one set of rows, summed where
-    batches share a key, so that one statement never proposes a row twice (which ``ON
-    CONFLICT DO UPDATE`` refuses)."""
-    out: dict[ClusterKey, StepSums] = {}
-    for cluster, rollup in parts:
-        for key, sums in rollup.sums.items():
-            full = (cluster, *key)
-            seen = out.get(full)
-            out[full] = sums if seen is None else combined(seen, sums)
-    return out
+    """The rollups of several batches (with their clusters) as one set of ``step_minutes`` rows."""
+    return merge_keyed(((cluster, rollup.sums) for cluster, rollup in parts), combined)
 
 
 def merged_epochs(parts: Iterable[tuple[str, StepRollup]]) -> dict[EpochKey, int]:
