@@ -49,7 +49,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 # function; the dashboard process inherits the quieter level too.
 os.environ.setdefault("STREAMLIT_LOGGER_LEVEL", "error")
 
-from bench.stack import REPO, Stack, running_stack  # noqa: E402
+from bench.stack import REPO, Stack, median_time, running_stack  # noqa: E402
 from jobsight.collector import profile_queries, queries  # noqa: E402
 from jobsight.collector.embedded_db import free_port  # noqa: E402
 from jobsight.commands.dashboard import streamlit_argv  # noqa: E402
@@ -89,17 +89,6 @@ def page_reads(job: str, settings: DashboardSettings) -> dict[str, Callable[[psy
                                        profile_queries.list_profiles(conn, CLUSTER, job),
                                        profile_queries.profile_requests(conn, CLUSTER, job)),
     }
-
-
-def median_time(fn: Callable[[], Any], repeat: int) -> float:
-    """Median wall time of ``repeat`` runs after one warm-up, in seconds."""
-    fn()
-    runs = []
-    for _ in range(repeat):
-        began = time.perf_counter()
-        fn()
-        runs.append(time.perf_counter() - began)
-    return statistics.median(runs)
 
 
 @contextmanager

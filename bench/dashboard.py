@@ -21,11 +21,9 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +32,7 @@ from psycopg.rows import dict_row
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.stack import median_time  # noqa: E402
 from jobsight.collector import audit_queries, compaction, migrate, profile_queries, queries  # noqa: E402
 from jobsight.collector.embedded_db import EmbeddedPostgres  # noqa: E402
 from jobsight.collector.partitions import PartitionKeeper, partition_name  # noqa: E402
@@ -47,17 +46,6 @@ TIERS = {
     "raw": ("gpu_samples", "gpu_minutes"),
     "packed": ("gpu_sample_blocks", "gpu_sample_timelines", "gpu_devices", "gpu_minute_blocks"),
 }
-
-
-def timed(fn: Callable[[], Any], repeat: int) -> float:
-    """Median wall time of ``repeat`` runs after one warm-up, in seconds."""
-    fn()
-    runs = []
-    for _ in range(repeat):
-        began = time.perf_counter()
-        fn()
-        runs.append(time.perf_counter() - began)
-    return statistics.median(runs)
 
 
 def job_page(conn: psycopg.Connection[Any]) -> None:
@@ -124,17 +112,17 @@ def bench(server: EmbeddedPostgres, samples: int, repeat: int) -> None:
         unlogged_partitions(conn, (end - START).days + 2)
         fill_gpu_samples(conn, CLUSTER, JOB, START, ticks)
         seeded = time.monotonic() - began
-        count = timed(lambda: conn.execute("SELECT count(*) FROM gpu_samples WHERE job_id = %s", (JOB,)).fetchone(),
-                      repeat)
-        hot_page = timed(lambda: job_page(conn), repeat)
-        hot_audit = timed(lambda: audit(conn, end), repeat)
+        count_query = "SELECT count(*) FROM gpu_samples WHERE job_id = %s"
+        count = median_time(lambda: conn.execute(count_query, (JOB,)).fetchone(), repeat)
+        hot_page = median_time(lambda: job_page(conn), repeat)
+        hot_audit = median_time(lambda: audit(conn, end), repeat)
         raw_bytes = tier_bytes(conn, "raw")
         began = time.monotonic()
         compaction.run_pass(conn, PartitionKeeper(), older_than=dt.timedelta(0), packed_retention_days=0)
         packed_in = time.monotonic() - began
         conn.execute("VACUUM ANALYZE")
-        packed_page = timed(lambda: job_page(conn), repeat)
-        packed_audit = timed(lambda: audit(conn, end), repeat)
+        packed_page = median_time(lambda: job_page(conn), repeat)
+        packed_audit = median_time(lambda: audit(conn, end), repeat)
         packed_bytes = tier_bytes(conn, "packed")
     total = GPUS * ticks
     print(f"{total:>12,} samples (seeded in {seeded:.0f} s, packed in {packed_in:.0f} s): "

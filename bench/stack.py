@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from jobsight.collector import migrate
 from jobsight.collector.embedded_db import EmbeddedPostgres, free_port
@@ -88,3 +90,14 @@ def running_stack(workers: int = 1) -> Iterator[Stack]:
         finally:
             stack.stop_collector()
             server.destroy()
+
+
+def median_time(fn: Callable[[], Any], repeat: int) -> float:
+    """Median wall time of ``repeat`` runs after one warm-up, in seconds."""
+    fn()
+    runs = []
+    for _ in range(repeat):
+        began = time.perf_counter()
+        fn()
+        runs.append(time.perf_counter() - began)
+    return statistics.median(runs)

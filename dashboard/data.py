@@ -160,9 +160,6 @@ def _points_for(aligned: queries.TimeRange, points: int, least: float) -> int | 
     return fitted if fitted >= max(points / 2, 1) else None
 
 
-# The name the minute snapping had before it snapped to hours too (tests import it).
-minute_rollup_points = rollup_points
-
 RAW_ROWS_MAX = 20_000
 """Raw rows a grid may read; a job whose series would read more (a 64-GPU job's first half hour
 at 1 Hz is 115 k samples) reads its per-minute rollup even when that gives fewer buckets than

@@ -27,10 +27,10 @@ from jobsight.collector import queries
 from jobsight.dashboard import charts
 from jobsight.dashboard.data import (
     RAW_ROWS_MAX,
-    minute_rollup_points,
     read_gpu_grid,
     read_metric_grid,
     read_step_grid,
+    rollup_points,
 )
 from jobsight.dashboard.settings import MIN_SERIES_POINTS, load_dashboard_settings, points_per_series
 from tests.dashboard.conftest import texts
@@ -104,9 +104,9 @@ def test_a_budget_just_under_the_rollup_s_minute_reads_the_rollup(conn: Any, big
     start = dt.datetime(2024, 3, 4, 12, 0, 0, tzinfo=dt.UTC)
     window = queries.TimeRange(start, start + dt.timedelta(seconds=1799))
     assert window.bucket_seconds(15) < queries.ROLLUP_MIN_BUCKET_S
-    assert minute_rollup_points(window, 15) == 14
-    assert minute_rollup_points(window, 125) == 125  # a rollup half as fine: not worth it
-    assert minute_rollup_points(queries.TimeRange(start, start + dt.timedelta(hours=1)), 10) == 10  # already
+    assert rollup_points(window, 15) == 14
+    assert rollup_points(window, 125) == 125  # a rollup half as fine: not worth it
+    assert rollup_points(queries.TimeRange(start, start + dt.timedelta(hours=1)), 10) == 10  # already
 
     rows = read_gpu_grid(conn, big_job.cluster, big_job.job_id, big_job.gpus * 15, 600)
     per_gpu = Counter((r["node"], r["gpu_index"]) for r in rows)

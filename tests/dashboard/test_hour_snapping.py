@@ -9,7 +9,7 @@ import datetime as dt
 import pytest
 
 from jobsight.collector import queries
-from jobsight.dashboard.data import minute_rollup_points, rollup_points
+from jobsight.dashboard.data import rollup_points
 
 START = dt.datetime(2026, 3, 2, 6, 41, 17, tzinfo=dt.UTC)
 """A job's first sample, off the hour: the query's buckets start at 06:00."""
@@ -52,7 +52,7 @@ def test_the_minute_snapping_is_unchanged() -> None:
     """15 buckets over 30 minutes, a second under two minutes each: 14 read the minutes."""
     start = dt.datetime(2024, 3, 4, 12, 0, 0, tzinfo=dt.UTC)
     window = queries.TimeRange(start, start + dt.timedelta(seconds=1799))
-    assert rollup_points(window, 15) == minute_rollup_points(window, 15) == 14
+    assert rollup_points(window, 15) == 14
     assert rollup_points(window, 125) == 125
 
 
