@@ -7,8 +7,8 @@ import threading
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-from anyio import CapacityLimiter
 from fastapi import Depends, FastAPI
+from starlette.types import Receive, Scope, Send
 
 from jobsight.collector import compaction
 from jobsight.collector.auth import Authenticator, ensure_admin_token, load_cluster_secret
@@ -53,6 +53,18 @@ def _compact(app: FastAPI, stop: threading.Event) -> None:
             log.exception("compaction pass failed")
 
 
+class CollectorApp(FastAPI):
+    """The collector's app: a plain ``POST /v1/ingest`` goes straight to
+    :func:`~jobsight.collector.routes.ingest.serve_ingest`, past FastAPI's layers (see there
+    why); everything else, FastAPI serves."""
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if ingest.takes(scope):
+            await ingest.serve_ingest(self.state, scope, receive, send)
+        else:
+            await super().__call__(scope, receive, send)
+
+
 def create_app(settings: CollectorSettings | None = None) -> FastAPI:
     settings = settings or load_collector_settings()
     if not settings.database_url:
@@ -64,8 +76,6 @@ def create_app(settings: CollectorSettings | None = None) -> FastAPI:
         if not schema_is_current(database_url):
             raise SettingsError("database schema is not current: run `jobsight migrate` first")
         app.state.pool = open_pool(database_url, settings.pool_size)
-        # Made here, inside the event loop that will use it.
-        app.state.decode_slots = CapacityLimiter(settings.max_concurrent_decodes)
         with autocommit_connection(app.state.pool) as conn:
             app.state.partitions.load(conn)
             app.state.partitions.ensure_ahead(conn, settings.partitions_ahead_days)
@@ -81,7 +91,7 @@ def create_app(settings: CollectorSettings | None = None) -> FastAPI:
             app.state.pool.close()
 
     # refuse_nul: a NUL in any query or path value is a 422 naming it, for every route at once.
-    app = FastAPI(
+    app = CollectorApp(
         title="jobsight collector", version="0.1.0", lifespan=lifespan, dependencies=[Depends(refuse_nul)]
     )
     app.state.settings = settings

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from anyio import CapacityLimiter
 from fastapi import Depends, Header, Request
 from psycopg_pool import ConnectionPool
 
@@ -35,12 +34,6 @@ def get_keeper(request: Request) -> PartitionKeeper:
     return keeper
 
 
-def get_decode_slots(request: Request) -> CapacityLimiter:
-    """The worker threads ingest bodies are decoded in, at most ``max_concurrent_decodes``."""
-    slots: CapacityLimiter = request.app.state.decode_slots
-    return slots
-
-
 def get_principal(request: Request, authorization: Annotated[str | None, Header()] = None) -> Principal:
     authenticator: Authenticator = request.app.state.authenticator
     return authenticator.authenticate(authorization)
@@ -57,4 +50,3 @@ Metrics = Annotated[CollectorMetrics, Depends(get_metrics)]
 Keeper = Annotated[PartitionKeeper, Depends(get_keeper)]
 CurrentPrincipal = Annotated[Principal, Depends(get_principal)]
 Auth = Annotated[Authenticator, Depends(get_authenticator)]
-DecodeSlots = Annotated[CapacityLimiter, Depends(get_decode_slots)]

@@ -12,10 +12,10 @@ to exactly ``max_decompressed_bytes``, is refused (413).
 from __future__ import annotations
 
 import zlib
+from collections.abc import AsyncIterator
 from typing import Any, Final
 
 import orjson
-from starlette.requests import Request
 
 from jobsight.collector import ingest
 from jobsight.collector.errors import BadBody, BodyTooLarge
@@ -24,19 +24,19 @@ from jobsight.protocol.wire import Batch, WireError, decode_batch, loads_batch
 GZIP_MAGIC: Final = b"\x1f\x8b"
 
 
-async def read_body(request: Request, limit: int) -> bytes:
-    """The raw body, refusing to buffer ``limit`` bytes or more."""
-    declared = request.headers.get("content-length")
+async def read_body(chunks: AsyncIterator[bytes], declared: str | None, limit: int) -> bytes:
+    """The raw body from its ``chunks``, refusing to buffer ``limit`` bytes or more
+    (``declared``: the request's ``Content-Length``, when it has one)."""
     if declared and declared.isdigit() and int(declared) >= limit:
         raise BodyTooLarge(f"body of {declared} bytes is not under the limit of {limit} bytes")
-    chunks: list[bytes] = []
+    parts: list[bytes] = []
     size = 0
-    async for chunk in request.stream():
+    async for chunk in chunks:
         size += len(chunk)
         if size >= limit:
             raise BodyTooLarge(f"body is not under the limit of {limit} bytes")
-        chunks.append(chunk)
-    return b"".join(chunks)
+        parts.append(chunk)
+    return b"".join(parts)
 
 
 def parse_json(raw: bytes) -> Any:

@@ -30,6 +30,11 @@ from itertools import repeat
 from typing import Any, Final
 
 from jobsight.protocol import checks
+
+try:  # the agent's extra brings orjson; without it the standard library serialises batches
+    import orjson as _orjson
+except ImportError:  # pragma: no cover - exercised where the agent runs without the extra
+    _orjson = None  # type: ignore[assignment]
 from jobsight.protocol.records import RECORDS, Common, Int64, Range
 from jobsight.protocol.specs import FINITE, wire_contents, wire_fields, wire_ranges
 
@@ -117,11 +122,52 @@ def encode_batch(
         "cluster": cluster,
         "records": records,
     }
-    body = json.dumps(envelope, separators=(",", ":"), allow_nan=False).encode()
+    body = _dumps(envelope, records)
     # Level 1: telemetry batches repeat their keys record after record, which the fastest level
     # already takes out (a node daemon's 90-record batch: 1,043 bytes at level 1, 1,000 at 5),
     # at a third of the CPU, and that CPU is the training node's.
     return gzip.compress(body, compresslevel=1)
+
+
+_INF: Final = float("inf")
+
+
+def _all_finite(values: Any) -> bool:
+    """No NaN or infinity among ``values``, in nested dicts, lists and tuples too. Exact types
+    only: orjson refuses subclasses (see :func:`_dumps`), so they never reach it."""
+    for value in values:
+        kind = type(value)
+        if kind is float:
+            if value != value or value == _INF or value == -_INF:
+                return False
+        elif kind is dict:
+            if not _all_finite(value.values()):
+                return False
+        elif (kind is list or kind is tuple) and not _all_finite(value):
+            return False
+    return True
+
+
+def _dumps(envelope: dict[str, Any], records: list[dict[str, Any]]) -> bytes:
+    """The batch as compact JSON. orjson when it is installed: a node daemon's batch in a
+    tenth of the standard library's time, and that CPU is the training node's. orjson writes
+    NaN and infinity as ``null``, so a batch holding one gets the standard library's verdict
+    (``ValueError``), as does anything orjson is told not to take (datetimes, dataclasses,
+    subclasses) or cannot (integers past 64 bits, numpy scalars, keys that are not strings):
+    ``TypeError`` where the standard library refuses it too. (A ``uuid.UUID`` orjson writes
+    as its string, where the standard library refuses it.)"""
+    if _orjson is not None and all(type(r) is dict and _all_finite(r.values()) for r in records):
+        try:
+            return _orjson.dumps(envelope, option=_ORJSON_PLAIN)
+        except TypeError:  # integers past 64 bits, numpy scalars, subclasses, non-str keys
+            pass
+    return json.dumps(envelope, separators=(",", ":"), allow_nan=False).encode()
+
+
+_ORJSON_PLAIN: Final = (
+    0 if _orjson is None
+    else _orjson.OPT_PASSTHROUGH_DATETIME | _orjson.OPT_PASSTHROUGH_DATACLASS | _orjson.OPT_PASSTHROUGH_SUBCLASS
+)
 
 
 def loads_batch(raw: bytes) -> Any:
