@@ -25,8 +25,8 @@ import gzip
 import json
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
-from itertools import repeat
+from dataclasses import dataclass, field, replace
+from itertools import compress, repeat
 from typing import Any, Final
 
 from jobsight.protocol import checks
@@ -97,6 +97,10 @@ class WireError(ValueError):
         return {"error": self.message, "record": self.record, "field": self.field}
 
 
+Columns = dict[str, dict[str, list[Any]]]
+"""Kind -> field -> that field's value in each record of the kind, in batch order."""
+
+
 @dataclass(frozen=True)
 class Batch:
     source: str
@@ -104,6 +108,9 @@ class Batch:
     sent_at: float
     cluster: str
     records: list[dict[str, Any]]
+    columns: Columns | None = field(default=None, compare=False, repr=False)
+    """The checked fields of each kind, a column each, when the batch was checked a field at a
+    time (:func:`validate_records`); the collector builds its rows from them."""
 
 
 def now_us() -> int:
@@ -348,18 +355,21 @@ def _column_fits(values: list[Any], optional: bool, fast_types: tuple[type, ...]
     return bool(total == total and abs(total) != float("inf") and lo <= min(values) and max(values) <= hi)
 
 
-def _kind_fits(kind: str, records: list[dict[str, Any]], now: int) -> bool:
+def _kind_fits(kind: str, records: list[dict[str, Any]], now: int, columns: dict[str, list[Any]]) -> bool:
     """The per-record checks of :func:`validate_record`, field by field over many records of
-    one kind: the same verdict for a batch that passes, in builtins that run in C."""
-    allowed = _ALLOWED[kind]
-    if not all(record.keys() <= allowed for record in records):
+    one kind: the same verdict for a batch that passes, in builtins that run in C. The fields
+    checked are left in ``columns``."""
+    if not all(map(_ALLOWED[kind].issuperset, records)):  # every record's keys are allowed
         return False
     for name, optional, fast_types, lo, hi, _ in _FIELD_SPECS[kind]:
         if not fast_types:  # its content needs a check of its own: the per-record path
             return False
-        if not _column_fits(list(map(dict.get, records, repeat(name))), optional, fast_types, lo, hi):
+        column = list(map(dict.get, records, repeat(name)))
+        if not _column_fits(column, optional, fast_types, lo, hi):
             return False
+        columns[name] = column
     times: list[int] = list(map(dict.__getitem__, records, repeat("ts")))  # every "ts" is an int by now
+    columns["ts"] = times
     first, last = min(times), max(times)
     return (all(map(dict.__getitem__, records, repeat("job"))) and MIN_TS_US <= first
             and last <= now + FUTURE_SLACK_US and first >= now - MAX_RECORD_AGE_DAYS * _DAY_US)
@@ -374,15 +384,45 @@ def validate_records(records: list[Any], now: int) -> list[dict[str, Any]]:
     the whole column at once); a kind whose column check fails, or that has a field with a
     content check, is checked record by record, which raises the error naming the first bad
     record and field, as it always did."""
-    by_kind: dict[str, list[dict[str, Any]]] = {}
-    for record in records:
-        kind = record.get("kind") if isinstance(record, dict) else None
-        if not isinstance(kind, str) or kind not in FIELDS:
-            return [validate_record(record, index, now) for index, record in enumerate(records)]
-        by_kind.setdefault(kind, []).append(record)
-    if all(_kind_fits(kind, same, now) for kind, same in by_kind.items()):
-        return records
-    return [validate_record(record, index, now) for index, record in enumerate(records)]
+    return validate_columns(records, now)[0]
+
+
+def _by_kind(records: list[Any]) -> dict[str, list[dict[str, Any]]] | None:
+    """The records of each kind, in batch order; ``None`` when one is not a dict of a known kind."""
+    if set(map(type, records)) - {dict}:
+        return None
+    kinds: list[Any] = list(map(dict.get, records, repeat("kind")))
+    if set(map(type, kinds)) - {str}:
+        return None
+    found = set(kinds)
+    if not found <= FIELDS.keys():
+        return None
+    if len(found) == 1:
+        return {kinds[0]: records}
+    return {kind: list(compress(records, map(kind.__eq__, kinds))) for kind in sorted(found, key=kinds.index)}
+
+
+def validate_columns(records: list[Any], now: int) -> tuple[list[dict[str, Any]], Columns | None]:
+    """:func:`validate_records`, with the columns the field-at-a-time check made (``None``
+    when the records were checked one by one)."""
+    by_kind = _by_kind(records)
+    if by_kind is None:
+        return [validate_record(record, index, now) for index, record in enumerate(records)], None
+    columns: Columns = {kind: {} for kind in by_kind}
+    if all(_kind_fits(kind, same, now, columns[kind]) for kind, same in by_kind.items()):
+        return records, columns
+    return [validate_record(record, index, now) for index, record in enumerate(records)], None
+
+
+def _days(records: list[dict[str, Any]], columns: Columns | None) -> set[int]:
+    """The UTC days of the records' times; only the first and last when those are at most
+    ``MAX_BATCH_DAYS`` apart (all a batch may span), as they almost always are."""
+    if columns and records:
+        first = min(min(of_kind["ts"]) for of_kind in columns.values()) // _DAY_US
+        last = max(max(of_kind["ts"]) for of_kind in columns.values()) // _DAY_US
+        if last - first < MAX_BATCH_DAYS:
+            return {first, last}
+    return {record["ts"] // _DAY_US for record in records}
 
 
 def decode_batch(body: bytes, now: int | None = None, loads: Callable[[bytes], Any] = loads_batch) -> Batch:
@@ -428,8 +468,8 @@ def decode_batch(body: bytes, now: int | None = None, loads: Callable[[bytes], A
     if len(records) > MAX_RECORDS:
         raise WireError(f"more than {MAX_RECORDS} records in one batch", None, "records")
     now = now if now is not None else now_us()
-    checked = validate_records(records, now)
-    days = {record["ts"] // _DAY_US for record in checked}
+    checked, columns = validate_columns(records, now)
+    days = _days(checked, columns)
     if len(days) > MAX_BATCH_DAYS:
         raise WireError(
             f"records on {len(days)} different UTC days: at most {MAX_BATCH_DAYS} in one batch (each day is a "
@@ -437,4 +477,4 @@ def decode_batch(body: bytes, now: int | None = None, loads: Callable[[bytes], A
             None,
             "records",
         )
-    return Batch(source, seq, float(sent_at), cluster, checked)
+    return Batch(source, seq, float(sent_at), cluster, checked, columns)
