@@ -89,3 +89,21 @@ def test_plain_batches_take_the_fast_path(monkeypatch: pytest.MonkeyPatch) -> No
     monkeypatch.setattr(wire.json, "dumps", refuse)
     record = {"kind": "gpu_sample", "job": "1", "ts": 1, "util_gpu": 97.5, "mig_uuid": None, "lost": False}
     assert json.loads(gzip.decompress(wire.encode_batch("s", 1, [record] * 80)))["records"] == [record] * 80
+
+
+def test_the_wire_works_where_orjson_is_not_installed() -> None:
+    """A node with the standard library only: importing orjson fails, batches still encode."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; sys.modules['orjson'] = None\n"  # `import orjson` now raises ImportError
+        "import gzip, json\n"
+        "from jobsight.protocol import wire\n"
+        "assert wire._orjson is None\n"
+        "body = wire.encode_batch('s', 1, [{'kind': 'log', 'job': '1', 'ts': 1, 'v': 0.5}])\n"
+        "print(json.loads(gzip.decompress(body))['records'][0]['v'])\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "0.5"
