@@ -1,9 +1,9 @@
 """The compaction pass: closed days of the hot tier rewritten into the packed tier.
 
-For each closed day (one that ended at least ``older_than`` ago) whose ``gpu_samples`` or
-``gpu_minutes`` partition holds rows:
+For each closed day (one that ended at least ``older_than`` ago) whose ``gpu_samples``,
+``gpu_minutes`` or ``host_samples`` partition holds rows:
 
-1. a trigger is put on the day's two raw partitions that refuses new rows with a serialization
+1. a trigger is put on the day's raw partitions that refuses new rows with a serialization
    failure: a late batch for that day (an outage being replayed) is answered 503 and sent again
    by its agent after the pass, while every other batch goes on (the ingest path stores a group
    that fails so batch by batch). Nothing waits on the pass, and the raw rows cannot change
@@ -11,8 +11,9 @@ For each closed day (one that ended at least ``older_than`` ago) whose ``gpu_sam
 2. in one transaction, per job, the job's GPUs are added to ``gpu_devices``, then per hour its
    samples, and per day its minutes, are packed together with what that job-hour (job-day)
    already had in the packed tier (late samples that landed after an earlier pass) into
-   ``gpu_sample_blocks`` + ``gpu_sample_timelines`` and ``gpu_minute_blocks``;
-3. in the same transaction the two raw partitions are truncated and the trigger dropped.
+   ``gpu_sample_blocks`` + ``gpu_sample_timelines`` and ``gpu_minute_blocks``, and per day its
+   host samples into ``host_sample_blocks`` (:mod:`jobsight.collector.host_tier`);
+3. in the same transaction the raw partitions are truncated and the trigger dropped.
    TRUNCATE gives the disk space back at commit (new empty files, the old ones unlinked), like
    a DROP, but keeps the partitions in place, so a later late batch for the day finds its
    partition, in this process and in every other collector process whose partition cache
@@ -41,6 +42,7 @@ import psycopg
 from psycopg import sql
 from psycopg.rows import tuple_row
 
+from jobsight.collector import host_tier
 from jobsight.collector.db import Connection
 from jobsight.collector.packed_format import DEVICE_COLUMNS, ENCODINGS, ENERGY_MJ, ORDER
 from jobsight.collector.partitions import PartitionKeeper, partition_name
@@ -52,7 +54,7 @@ log = logging.getLogger("jobsight.collector")
 COMPACTION_LOCK_KEY: Final = 0x6A6F6263
 """Session advisory lock held by the one pass that runs."""
 
-RAW_TABLES: Final = ("gpu_samples", "gpu_minutes")
+RAW_TABLES: Final = ("gpu_samples", "gpu_minutes", "host_samples")
 LATE_DAYS: Final = 8
 """Raw partitions of days more than this many days old are dropped once empty: the wire refuses
 records older than 7 days, so no sample can reach them (a day of margin for clocks)."""
@@ -76,6 +78,8 @@ class DayReport:
     """Samples now packed for the day's rewritten job-hours (earlier packed ones included)."""
     sample_blocks: int = 0
     minutes: int = 0
+    host_samples: int = 0
+    """Host samples now packed for the day's rewritten job-days."""
     raw_bytes: int = 0
     """The raw partitions' size before the pass (table, TOAST and indexes)."""
 
@@ -133,14 +137,14 @@ def run_pass(
                     report.dropped.append(partition_name(table, day))
         report.dropped += keeper.drop_older_than(conn, packed_retention_days, today, tables=PACKED_RETENTION_TABLES)
     for day_report in report.days:
-        log.info("compaction: %s: %d jobs, %d samples in %d blocks, %d minutes; %d raw bytes freed",
-                 day_report.day, day_report.jobs, day_report.samples, day_report.sample_blocks,
-                 day_report.minutes, day_report.raw_bytes)
+        log.info("compaction: %s: %d jobs, %d samples in %d blocks, %d minutes, %d host samples; "
+                 "%d raw bytes freed", day_report.day, day_report.jobs, day_report.samples,
+                 day_report.sample_blocks, day_report.minutes, day_report.host_samples, day_report.raw_bytes)
     return report
 
 
 def days_to_compact(conn: Connection, keeper: PartitionKeeper, cutoff: dt.datetime) -> list[dt.date]:
-    """Days that ended at or before ``cutoff`` and still hold raw GPU rows."""
+    """Days that ended at or before ``cutoff`` and still hold raw GPU or host rows."""
     days = set()
     for table in RAW_TABLES:
         for day in keeper.days(table):
@@ -155,7 +159,7 @@ def _has_rows(conn: Connection, partition: str) -> bool:
 
 
 def compact_day(conn: Connection, keeper: PartitionKeeper, day: dt.date) -> DayReport:
-    """Pack one day's raw GPU rows (merging them with what the day already has packed) and
+    """Pack one day's raw GPU and host rows (merging them with what the day already has packed) and
     empty its raw partitions. ``conn`` must be in autocommit."""
     for table in PACKED_TABLES:
         keeper.ensure(conn, table, [day])
@@ -192,6 +196,7 @@ def compact_day(conn: Connection, keeper: PartitionKeeper, day: dt.date) -> DayR
                     report.sample_blocks += int(blocks)
                     report.samples += int(samples)
                 report.minutes += int(_scalar(conn, _PACK_MINUTES, params) or 0)
+                report.host_samples += int(_scalar(conn, host_tier.PACK_DAY, params) or 0)
             conn.execute(sql.SQL("TRUNCATE {}").format(sql.SQL(", ").join(raw)))
             for name in raw:
                 conn.execute(sql.SQL("DROP TRIGGER {} ON {}").format(sql.Identifier(REFUSING_TRIGGER), name))
@@ -233,6 +238,12 @@ WITH RECURSIVE sample_jobs AS (
     SELECT (SELECT s.job_id FROM gpu_samples s WHERE s.ts >= %(day)s AND s.ts < %(day_end)s
             AND s.job_id > j.job_id ORDER BY s.job_id LIMIT 1)
     FROM sample_jobs j WHERE j.job_id IS NOT NULL
+), host_jobs AS (
+    (SELECT job_id FROM host_samples WHERE ts >= %(day)s AND ts < %(day_end)s ORDER BY job_id LIMIT 1)
+    UNION ALL
+    SELECT (SELECT h.job_id FROM host_samples h WHERE h.ts >= %(day)s AND h.ts < %(day_end)s
+            AND h.job_id > j.job_id ORDER BY h.job_id LIMIT 1)
+    FROM host_jobs j WHERE j.job_id IS NOT NULL
 ), minute_jobs AS (
     (SELECT job_id FROM gpu_minutes WHERE ts >= %(day)s AND ts < %(day_end)s ORDER BY job_id LIMIT 1)
     UNION ALL
@@ -243,6 +254,8 @@ WITH RECURSIVE sample_jobs AS (
 SELECT job_id FROM sample_jobs WHERE job_id IS NOT NULL
 UNION
 SELECT job_id FROM minute_jobs WHERE job_id IS NOT NULL
+UNION
+SELECT job_id FROM host_jobs WHERE job_id IS NOT NULL
 ORDER BY job_id
 """
 

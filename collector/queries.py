@@ -16,7 +16,7 @@ from typing import Any
 
 from psycopg.pq import TransactionStatus
 
-from jobsight.collector import step_rollup, tiers
+from jobsight.collector import host_tier, step_rollup, tiers
 from jobsight.collector.db import Connection
 
 MAX_POINTS = 5000
@@ -128,9 +128,9 @@ def series_range(conn: Connection, table: str, cluster: str, job_id: str) -> Tim
     """First and last timestamp of a job's rows in ``table``; ``None`` when it has none."""
     if table not in ("gpu_samples", "host_samples", "metrics", "steps", "log_events"):
         raise ValueError(f"not a series table: {table}")
-    query = (
-        tiers.SAMPLE_RANGE if table == "gpu_samples"
-        else f"SELECT min(ts) AS start, max(ts) AS end FROM {table} WHERE job_id = %(job)s AND cluster = %(cluster)s"
+    tiered = {"gpu_samples": tiers.SAMPLE_RANGE, "host_samples": host_tier.RANGE}
+    query = tiered.get(table) or (
+        f"SELECT min(ts) AS start, max(ts) AS end FROM {table} WHERE job_id = %(job)s AND cluster = %(cluster)s"
     )
     row = conn.execute(query, {"job": job_id, "cluster": cluster}).fetchone()
     if row is None or row["start"] is None:

@@ -44,6 +44,10 @@ TS = DateTime(timezone=True)
 PARTITION_BY = "RANGE (ts)"
 
 
+SERIES_KEY = ("cluster", "job_id", "ts", "node")
+"""The columns of :func:`_series_keys`."""
+
+
 def _series_keys() -> list[Column[Any]]:
     """Columns every time-series row carries: where it belongs and when."""
     return [
@@ -444,11 +448,32 @@ gpu_minute_blocks = Table(
     postgresql_partition_by=PARTITION_BY,
 )
 
+# host_samples packed: one row per job, node and UTC hour (``ts``), the sample times and each
+# measurement an array in time order, with the types and values they were stored with (NULL
+# elements included), so a packed sample reads back exactly. ``block`` numbers the nodes of a
+# job-hour: ``node`` may be NULL, which a primary key cannot hold.
+host_sample_blocks = Table(
+    "host_sample_blocks",
+    metadata,
+    Column("cluster", Text, nullable=False),
+    Column("job_id", Text, nullable=False),
+    Column("ts", TS, nullable=False),
+    Column("block", Integer, nullable=False),
+    Column("node", Text),
+    Column("samples", Integer, nullable=False),
+    Column("first_ts", TS, nullable=False),
+    Column("last_ts", TS, nullable=False),
+    Column("sample_ts", ARRAY(TS), nullable=False),
+    *(Column(c.name, ARRAY(c.type), nullable=False) for c in host_samples.columns if c.name not in SERIES_KEY),
+    PrimaryKeyConstraint("job_id", "cluster", "ts", "block"),
+    postgresql_partition_by=PARTITION_BY,
+)
+
 PARTITIONED_TABLES = (
     "gpu_samples", "gpu_minutes", "gpu_hours", "host_samples", "log_events", "metrics", "steps", "step_minutes",
 )
 """Partitions made ahead by the collector and on demand by the ingest path."""
-PACKED_TABLES = ("gpu_sample_blocks", "gpu_sample_timelines", "gpu_minute_blocks")
+PACKED_TABLES = ("gpu_sample_blocks", "gpu_sample_timelines", "gpu_minute_blocks", "host_sample_blocks")
 """Partitioned by day like the raw tables, but made only by the compaction pass."""
 PACKED_RETENTION_TABLES = (*PACKED_TABLES, "gpu_hours")
 """Dropped past the packed tier's retention, by the compaction pass. gpu_hours is made like the

@@ -46,7 +46,9 @@ WITH s AS (
     SELECT node, gpu_index, gpu_uuid, mig_uuid, ts, util_gpu, mem_used, mem_total, power_w, energy_j,
            extract(epoch FROM ts - lag(ts) OVER w) AS dt_s, lag(power_w) OVER w AS prev_power_w
     FROM {tiers.samples(("util_gpu", "mem_used", "mem_total", "power_w", "energy_j"))} g
-    WINDOW w AS (PARTITION BY node, gpu_index, mig_uuid ORDER BY ts)
+    -- power_w breaks ties: two samples of one GPU at one time (a tick sent twice) must be
+    -- integrated in one order, whichever tier or page of the heap they are read from.
+    WINDOW w AS (PARTITION BY node, gpu_index, mig_uuid ORDER BY ts, power_w)
 )
 SELECT node, gpu_index, mig_uuid, min(gpu_uuid) AS gpu_uuid, count(*) AS samples,
        avg(util_gpu) AS mean_util, max(util_gpu) AS max_util,
@@ -83,7 +85,9 @@ WITH s AS (
            extract(epoch FROM ts - lag(ts) OVER w) AS dt_s, lag(power_w) OVER w AS prev_power_w
     FROM {tiers.samples(("power_w",))} g
     WHERE gpu_index = ANY(%(gpus)s)
-    WINDOW w AS (PARTITION BY node, gpu_index, mig_uuid ORDER BY ts)
+    -- power_w breaks ties: two samples of one GPU at one time (a tick sent twice) must be
+    -- integrated in one order, whichever tier or page of the heap they are read from.
+    WINDOW w AS (PARTITION BY node, gpu_index, mig_uuid ORDER BY ts, power_w)
 )
 SELECT node, gpu_index, mig_uuid, sum(dt_s * (power_w + prev_power_w) / 2) AS power_integral_j
 FROM s GROUP BY node, gpu_index, mig_uuid

@@ -1,4 +1,4 @@
-"""``jobsight compact``: pack closed days of GPU samples into the packed tier now.
+"""``jobsight compact``: pack closed days of GPU and host samples into the packed tier now.
 
 The same pass the collector runs on its timer (:func:`jobsight.collector.compaction.run_pass`),
 against ``JOBSIGHT_DATABASE_URL``: ``--older-than 0s`` packs every day before today (UTC),
@@ -74,10 +74,11 @@ def run(name: str, args: argparse.Namespace) -> int:
                        code=1) from exc
     for day in report.days:
         print(f"{day.day}: {day.jobs} jobs, {day.samples:,} samples in {day.sample_blocks:,} blocks, "
-              f"{day.minutes:,} minutes packed; {day.raw_bytes / 2**20:,.1f} MiB of raw rows freed")
+              f"{day.minutes:,} minutes, {day.host_samples:,} host samples packed; "
+              f"{day.raw_bytes / 2**20:,.1f} MiB of raw rows freed")
     if not report.days:
         cutoff = dt.datetime.now(dt.UTC) - older_than
-        print(f"nothing to pack: no day that ended by {cutoff:%Y-%m-%d %H:%M} UTC holds raw GPU rows")
+        print(f"nothing to pack: no day that ended by {cutoff:%Y-%m-%d %H:%M} UTC holds raw GPU or host rows")
     for name in report.dropped:
         print(f"dropped {name}")
     return 0

@@ -24,7 +24,7 @@ import pytest
 from psycopg.rows import dict_row
 
 from jobsight.cli import main as cli_main
-from jobsight.collector import audit_queries, compaction, migrate, queries, summaries
+from jobsight.collector import audit_queries, compaction, host_tier, migrate, queries, summaries
 from jobsight.collector.embedded_db import EmbeddedPostgres
 from jobsight.collector.partitions import PartitionKeeper, partition_name
 from jobsight.commands.report import format_report
@@ -84,16 +84,38 @@ def job_records(job: str) -> list[dict[str, Any]]:
         records.append(_sample(job, tick, "n3", 0, util_gpu=87.5 + (tick % 3) / 3,
                                power_w=301.123456789 + tick % 5, temp_c=55.25, mem_used=None,
                                sm_active=1 / 3 if tick % 2 else None))
+        records.extend(_host_samples(job, tick))
     records.append(_sample(job, 100, "n3", 0, util_gpu=12.0, power_w=280.0))  # a second sample at one time
+    records.append(_host(job, 100, "n3", cpu_util=5.0, cpu_time_s=1.0))  # and a second host sample
     records.append({"kind": "job_ended", "job": job, "ts": _us(START + dt.timedelta(hours=2)), "node": "n1",
                     "exit_code": 0})
+    return records
+
+
+def _host(job: str, tick: int, node: str | None, **values: Any) -> dict[str, Any]:
+    record = {"kind": "host_sample", "job": job, "ts": _us(START) + tick * STEP_S * S + (tick * 7919) % 1500,
+              **values}
+    return record if node is None else {**record, "node": node}
+
+
+def _host_samples(job: str, tick: int) -> list[dict[str, Any]]:
+    """n1 and n3 every tick, n2 every third; a value missing now and then, and a sample without
+    a node (an agent that could not name its host) every 50th tick."""
+    records = [_host(job, tick, node, cpu_util=None if tick % 13 == 0 else 640.5 + tick % 7 + index / 3,
+                     cpu_time_s=1e4 + tick * 6.4 + index, mem_used=(200 + index) * 2**30 + tick * 4096,
+                     mem_limit=None if index and tick % 2 else 512 * 2**30)
+               for index, node in enumerate(("n1", "n3"))]
+    if tick % 3 == 0:
+        records.append(_host(job, tick, "n2", cpu_util=97.25, mem_used=2**33))
+    if tick % 50 == 0:
+        records.append(_host(job, tick, None, cpu_util=1.5))
     return records
 
 
 def late_part(records: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """(on time, late): n1 GPU 0's samples of 23:40-23:45 and 00:20-00:21 arrive after the pass."""
     def late(r: dict[str, Any]) -> bool:
-        if r["kind"] != "gpu_sample" or r["node"] != "n1" or r["gpu_index"] != 0:
+        if r["kind"] not in ("gpu_sample", "host_sample") or r.get("node") != "n1" or r.get("gpu_index", 0) != 0:
             return False
         offset_s = (r["ts"] - _us(START)) / S
         return 2400 <= offset_s < 2700 or 4800 <= offset_s < 4860
@@ -115,13 +137,21 @@ def snapshot(conn: psycopg.Connection[Any], client: Any, job: str) -> dict[str, 
     """Every answer a page, the report or the audit gets about the job. The audit's totals
     are over every job of the period: compare them only at one moment."""
     window = queries.series_range(conn, "gpu_samples", CLUSTER, job)
-    assert window is not None
+    host_window = queries.series_range(conn, "host_samples", CLUSTER, job)
+    assert window is not None and host_window is not None
     period = (START - dt.timedelta(days=1), START + dt.timedelta(days=1))
     now = START + dt.timedelta(days=1)
     row = client.get(f"/v1/jobs/{job}").json()
     answer = client.get(f"/v1/jobs/{job}/summary").json()
     return {
         "range": (window.start, window.end),
+        "host_range": (host_window.start, host_window.end),
+        "host": Counter(tuple(r.values()) for r in conn.execute(f"SELECT * FROM {host_tier.samples()} h",
+                                                               {"job": job, "cluster": CLUSTER})),
+        "host_zoom": Counter(tuple(r.values()) for r in conn.execute(
+            f"SELECT * FROM {host_tier.samples(start='%(start)s', end='%(end)s')} h",
+            {"job": job, "cluster": CLUSTER, "start": MIDNIGHT - dt.timedelta(seconds=95),
+             "end": MIDNIGHT + dt.timedelta(seconds=65)})),
         **{f"series_{points}": queries.gpu_series(conn, CLUSTER, job, points=points)
            for points in (5000, 600, 40, 7)},  # 1.5 s to 17 min buckets: samples, then the rollup
         "zoom": queries.gpu_series(conn, CLUSTER, job, start=MIDNIGHT - dt.timedelta(seconds=95),
@@ -218,12 +248,15 @@ def test_same_answers_before_and_after_and_late_samples_merge(tier_client: Any, 
         assert [d.day for d in report.days] == days and {d.jobs for d in report.days} == {2}
         samples = [r for r in on_time + job_records(reference) if r["kind"] == "gpu_sample"]
         assert sum(d.samples for d in report.days) == len(samples)
+        hosts = [r for r in on_time + job_records(reference) if r["kind"] == "host_sample"]
+        assert sum(d.host_samples for d in report.days) == len(hosts)
         for day in days:  # the raw partitions are empty (their files given back) but still there
             for table in compaction.RAW_TABLES:
                 assert _rows(conn, table, day) == 0
                 size = conn.execute("SELECT pg_relation_size(%s) AS n", (partition_name(table, day),))
                 assert size.fetchone()["n"] == 0
         assert conn.execute("SELECT count(*) AS n FROM gpu_sample_blocks").fetchone()["n"] > 0
+        assert conn.execute("SELECT count(*) AS n FROM host_sample_blocks").fetchone()["n"] > 0
         assert conn.execute("SELECT count(*) AS n FROM pg_trigger WHERE tgname = %s",
                             (compaction.REFUSING_TRIGGER,)).fetchone()["n"] == 0
         assert_same(snapshot(conn, tier_client, packed), before)
@@ -231,7 +264,8 @@ def test_same_answers_before_and_after_and_late_samples_merge(tier_client: Any, 
         # The late samples arrive after the pass (an outage replayed): they land in the raw
         # partitions, the job's summary is recomputed over both tiers, every answer counts them.
         _post_all(tier_client, late)
-        assert _rows(conn, "gpu_samples", days[0]) == sum(1 for r in late if r["ts"] < _us(MIDNIGHT))
+        for kind, table in (("gpu_sample", "gpu_samples"), ("host_sample", "host_samples")):
+            assert _rows(conn, table, days[0]) == sum(1 for r in late if r["kind"] == kind and r["ts"] < _us(MIDNIGHT))
         assert_same(_without_job(snapshot(conn, tier_client, packed), packed), expected)
 
         report = _pass(conn)  # the next pass merges them into the packed hours they belong to
@@ -251,8 +285,8 @@ def test_a_day_being_packed_refuses_late_rows_with_a_retry(tier_client: Any, tie
     today = [_sample(job, 0, "n1", 0, util_gpu=60.0) | {"ts": _us(NOW - dt.timedelta(minutes=1))}]
     keeper = PartitionKeeper()
     with psycopg.connect(tier_url, autocommit=True, row_factory=dict_row) as conn:
-        keeper.ensure(conn, "gpu_samples", [day])
-        keeper.ensure(conn, "gpu_minutes", [day])
+        for table in compaction.RAW_TABLES:
+            keeper.ensure(conn, table, [day])
         for table in compaction.RAW_TABLES:  # what compact_day does first, left behind by a killed pass
             conn.execute(compaction._REFUSE_ROWS.format(compaction.REFUSING_TRIGGER, partition_name(table, day)))
         refused = post(tier_client, gz(late, source="late-source", seq=1))
@@ -278,14 +312,21 @@ def _raw_samples(conn: psycopg.Connection[Any], job: str, day: dt.date, hours: i
     from jobsight.collector.rollup import rebuild_minutes
 
     keeper = PartitionKeeper()
-    keeper.ensure(conn, "gpu_samples", [day])
-    keeper.ensure(conn, "gpu_minutes", [day])
+    for table in compaction.RAW_TABLES:
+        keeper.ensure(conn, table, [day])
+    params = {"c": CLUSTER, "j": job, "t": dt.datetime.combine(day, dt.time(6), dt.UTC), "n": hours * 3600}
     conn.execute(
         """INSERT INTO gpu_samples (cluster, job_id, ts, node, gpu_index, gpu_uuid, util_gpu, power_w, energy_j)
            SELECT %(c)s, %(j)s, %(t)s + make_interval(secs => t), 'n1', g, 'GPU-' || g, t %% 100, 300 + g,
                   1000 + t * 300
            FROM generate_series(0, %(n)s - 1, 10) t, generate_series(0, 1) g""",
-        {"c": CLUSTER, "j": job, "t": dt.datetime.combine(day, dt.time(6), dt.UTC), "n": hours * 3600},
+        params,
+    )
+    conn.execute(
+        """INSERT INTO host_samples (cluster, job_id, ts, node, cpu_util, cpu_time_s, mem_used, mem_limit)
+           SELECT %(c)s, %(j)s, %(t)s + make_interval(secs => t), 'n1', 800 + t %% 50, t * 8.0, 2^34 + t, 2^39
+           FROM generate_series(0, %(n)s - 1, 10) t""",
+        params,
     )
     rebuild_minutes(conn, CLUSTER, job)
 
@@ -314,15 +355,15 @@ def test_each_tier_keeps_its_partitions_by_its_own_rules(tier_url: str) -> None:
     with psycopg.connect(tier_url, autocommit=True, row_factory=dict_row) as conn:
         _raw_samples(conn, job, old_day)
         _raw_samples(conn, job, recent_day)
-        for table in ("gpu_sample_blocks", "gpu_sample_timelines", "gpu_minute_blocks"):
+        for table in ("gpu_sample_blocks", "gpu_sample_timelines", "gpu_minute_blocks", "host_sample_blocks"):
             keeper.ensure(conn, table, [expired_day])
         report = _pass(conn, packed_retention_days=180)
         assert {old_day, recent_day} <= {d.day for d in report.days}
         gone = set(report.dropped)
         assert {partition_name(t, old_day) for t in compaction.RAW_TABLES} <= gone
         assert not {partition_name(t, recent_day) for t in compaction.RAW_TABLES} & gone
-        assert partition_name("gpu_sample_blocks", expired_day) in gone
-        assert partition_name("gpu_sample_blocks", old_day) not in gone
+        assert {partition_name(t, expired_day) for t in ("gpu_sample_blocks", "host_sample_blocks")} <= gone
+        assert not {partition_name(t, old_day) for t in ("gpu_sample_blocks", "host_sample_blocks")} & gone
         series = queries.gpu_series(conn, CLUSTER, job, points=5000)
         assert sum(r["samples"] for r in series) == 2 * 1440
 
@@ -382,22 +423,33 @@ def test_a_pass_and_ingest_at_once(tier_client: Any, tier_url: str) -> None:
 
 
 def test_downgrade_puts_packed_rows_back(empty_database_url: str) -> None:
-    """Migration 0004's downgrade unpacks the packed tier into gpu_samples and gpu_minutes (making
-    their partitions again) before it drops the packed tables."""
+    """The downgrades of migrations 0008 and 0004 unpack the packed tier into host_samples,
+    gpu_samples and gpu_minutes (making their partitions again) before they drop the packed tables."""
     job = f"d-{uuid.uuid4().hex[:8]}"
     day = (NOW - dt.timedelta(days=40)).date()
     migrate.upgrade(empty_database_url)
     columns = "ts, node, gpu_index, gpu_uuid, util_gpu, power_w, energy_j"
+    hosts = "SELECT * FROM host_samples ORDER BY ts, node NULLS FIRST, cpu_util"
     with psycopg.connect(empty_database_url, autocommit=True, row_factory=dict_row) as conn:
         _raw_samples(conn, job, day)
+        conn.execute(
+            """INSERT INTO host_samples (cluster, job_id, ts, node, cpu_util, cpu_time_s, mem_used, mem_limit)
+               SELECT %(c)s, %(j)s, %(t)s + make_interval(secs => t), nullif('n' || (t %% 3), 'n2'),
+                      CASE WHEN t %% 7 = 0 THEN NULL ELSE t / 3.0 END, t * 1.5, t * 4096, NULL
+               FROM generate_series(0, 7199, 10) t""",
+            {"c": CLUSTER, "j": job, "t": dt.datetime.combine(day, dt.time(6), dt.UTC)},
+        )
         samples = conn.execute(f"SELECT {columns} FROM gpu_samples ORDER BY ts, gpu_index").fetchall()
         minutes = conn.execute("SELECT * FROM gpu_minutes ORDER BY ts, gpu_index").fetchall()
+        host_rows = conn.execute(hosts).fetchall()
         _pass(conn)
+        assert conn.execute("SELECT count(*) AS n FROM host_sample_blocks").fetchone()["n"] > 0
         assert conn.execute("SELECT to_regclass(%s) AS t", (partition_name("gpu_samples", day),)).fetchone() == {
             "t": None}
     migrate.downgrade(empty_database_url, "0003")
     with psycopg.connect(empty_database_url, autocommit=True, row_factory=dict_row) as conn:
         assert conn.execute(f"SELECT {columns} FROM gpu_samples ORDER BY ts, gpu_index").fetchall() == samples
         assert conn.execute("SELECT * FROM gpu_minutes ORDER BY ts, gpu_index").fetchall() == minutes
+        assert conn.execute(hosts).fetchall() == host_rows
     migrate.upgrade(empty_database_url)
     assert migrate.autogenerate_diff(empty_database_url) == []
