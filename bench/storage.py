@@ -1,4 +1,4 @@
-"""Bytes per GPU sample, all in, for the raw tier and the packed tier of the same job.
+"""Bytes per GPU sample (and per host sample), all in, for the raw tier and the packed tier of the same job.
 
     python bench/storage.py                  # 64 GPUs x 6 h at 1 Hz, with and without GPM
     python bench/storage.py --hours 1        # a quick look
@@ -79,6 +79,22 @@ FROM (
 WINDOW per_gpu AS (PARTITION BY node, gpu ORDER BY t)
 """
 
+# One host sample per node and tick, as the node daemon reads the job's cgroup: CPU percent of
+# one core (one decimal), cumulative CPU seconds, memory in bytes stepping now and then.
+HOST_GENERATE = """
+INSERT INTO host_samples (cluster, job_id, ts, node, cpu_util, cpu_time_s, mem_used, mem_limit)
+SELECT %(cluster)s, %(job)s, ts, node, util, sum(util) OVER per_node / 100.0, mem, 1099511627776
+FROM (
+    SELECT 'gpu-node-' || lpad(n::text, 3, '0') AS node, t,
+           %(start)s + make_interval(secs => t) + floor(random() * 2000)::int * interval '1 microsecond' AS ts,
+           CASE WHEN (t %% 1800) >= 60 THEN round((700 + random() * 200)::numeric, 1)::float8
+                ELSE round((100 + random() * 50)::numeric, 1)::float8 END AS util,
+           322122547200 + ((t / 600) %% 5)::bigint * 1073741824 + floor(random() * 4096)::bigint * 4096 AS mem
+    FROM generate_series(0, %(nodes)s - 1) n, generate_series(0, %(ticks)s - 1) t
+) x
+WINDOW per_node AS (PARTITION BY node ORDER BY t)
+"""
+
 # Sizes of every relation of a table (its partitions, their TOAST tables and all indexes).
 SIZES = """
 SELECT coalesce(sum(pg_relation_size(c.oid, fork)), 0) AS heap,
@@ -103,11 +119,12 @@ def build(conn: psycopg.Connection[Any], gpus: int, hours: float, gpm: bool) -> 
     keeper = PartitionKeeper()
     end = START + dt.timedelta(hours=hours)
     days = [START.date() + dt.timedelta(days=n) for n in range((end - START).days + 1)]
-    keeper.ensure(conn, "gpu_samples", days)
-    keeper.ensure(conn, "gpu_minutes", days)
+    for table in ("gpu_samples", "gpu_minutes", "host_samples"):
+        keeper.ensure(conn, table, days)
     conn.execute("SELECT setseed(0.42)")
-    conn.execute(GENERATE, {"cluster": CLUSTER, "job": JOB, "start": START, "nodes": gpus // 8, "per_node": 8,
-                            "ticks": int(hours * 3600), "gpm": gpm})
+    shape = {"cluster": CLUSTER, "job": JOB, "start": START, "nodes": gpus // 8, "ticks": int(hours * 3600)}
+    conn.execute(GENERATE, {**shape, "per_node": 8, "gpm": gpm})
+    conn.execute(HOST_GENERATE, shape)
     rebuild_minutes(conn, CLUSTER, JOB)  # the rollup, as the ingest path keeps it
     row = conn.execute("SELECT count(*) AS n FROM gpu_samples").fetchone()
     return int(row["n"]) if row else 0
@@ -147,6 +164,9 @@ def bench(server: EmbeddedPostgres, gpus: int, hours: float, gpm: bool) -> None:
         conn.execute("VACUUM ANALYZE")
         raw = {**sizes(conn, ("gpu_samples",)), "dictionary": 0,
                "rollup": sum(sizes(conn, ("gpu_minutes", "gpu_hours")).values())}
+        hosts_row = conn.execute("SELECT count(*) AS n FROM host_samples").fetchone()
+        hosts = int(hosts_row["n"]) if hosts_row else 0
+        raw_host = sum(sizes(conn, ("host_samples",)).values())
         began = time.monotonic()
         compaction.run_pass(conn, PartitionKeeper(), older_than=dt.timedelta(0), packed_retention_days=0)
         packed_in = time.monotonic() - began
@@ -155,6 +175,7 @@ def bench(server: EmbeddedPostgres, gpus: int, hours: float, gpm: bool) -> None:
                   "dictionary": sum(sizes(conn, ("gpu_devices",)).values()),
                   "rollup": sum(sizes(conn, ("gpu_minute_blocks", "gpu_minutes", "gpu_hours")).values())}
         columns = column_bytes(conn, samples)
+        packed_host = sum(sizes(conn, ("host_sample_blocks", "host_samples")).values())
     with psycopg.connect(admin, autocommit=True) as conn:
         conn.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
     kind = "H100, with GPM" if gpm else "A100, no GPM"
@@ -168,6 +189,8 @@ def bench(server: EmbeddedPostgres, gpus: int, hours: float, gpm: bool) -> None:
           f"{raw_b * SITE_SAMPLES_PER_DAY / 1e9:,.0f} GB a day raw, {packed_b * SITE_SAMPLES_PER_DAY / 1e9:,.1f} GB "
           f"packed ({packed_b * SITE_SAMPLES_PER_DAY * 180 / 1e12:,.2f} TB for 180 days)")
     print(f"packed columns, B/sample before TOAST chunking: {columns}")
+    print(f"host samples ({hosts:,}, one per node and tick): raw {raw_host / hosts:.1f} B/sample, "
+          f"packed {packed_host / hosts:.1f} B/sample, all in")
 
 
 def main() -> None:
