@@ -161,8 +161,13 @@ def _has_rows(conn: Connection, partition: str) -> bool:
 def compact_day(conn: Connection, keeper: PartitionKeeper, day: dt.date) -> DayReport:
     """Pack one day's raw GPU and host rows (merging them with what the day already has packed) and
     empty its raw partitions. ``conn`` must be in autocommit."""
+    # Host rows are packed only where the day has a raw host partition (made ahead with the
+    # others, so almost always), and only for the jobs that have rows in it once the day refuses
+    # new ones (below): a row that lands before that is packed or stays for the next pass.
+    hosts = keeper.exists("host_samples", day)
     for table in PACKED_TABLES:
-        keeper.ensure(conn, table, [day])
+        if hosts or table != "host_sample_blocks":
+            keeper.ensure(conn, table, [day])
     raw = [sql.Identifier(partition_name(t, day)) for t in RAW_TABLES if keeper.exists(t, day)]
     report = DayReport(day)
     start = dt.datetime.combine(day, dt.time(), dt.UTC)
@@ -196,7 +201,8 @@ def compact_day(conn: Connection, keeper: PartitionKeeper, day: dt.date) -> DayR
                     report.sample_blocks += int(blocks)
                     report.samples += int(samples)
                 report.minutes += int(_scalar(conn, _PACK_MINUTES, params) or 0)
-                report.host_samples += int(_scalar(conn, host_tier.PACK_DAY, params) or 0)
+                if hosts and _scalar(conn, host_tier.JOB_DAY_HAS_SAMPLES, params):
+                    report.host_samples += int(_scalar(conn, host_tier.PACK_DAY, params) or 0)
             conn.execute(sql.SQL("TRUNCATE {}").format(sql.SQL(", ").join(raw)))
             for name in raw:
                 conn.execute(sql.SQL("DROP TRIGGER {} ON {}").format(sql.Identifier(REFUSING_TRIGGER), name))

@@ -58,6 +58,11 @@ SELECT min(first) AS start, max(last) AS end FROM (
 # arrays stay in step even for two samples of one node at one time.
 _ORDER: Final = ", ".join(["ts", *HOST_VALUES])
 
+JOB_DAY_HAS_SAMPLES: Final = """
+SELECT EXISTS (SELECT FROM host_samples WHERE job_id = %(job)s AND ts >= %(day)s AND ts < %(day_end)s)
+"""
+"""Whether a job has raw host samples on a day: the blocks of a job-day without are left as they are."""
+
 PACK_DAY: Final = f"""
 WITH old AS (
     DELETE FROM host_sample_blocks WHERE job_id = %(job)s AND ts >= %(day)s AND ts < %(day_end)s RETURNING *
