@@ -113,7 +113,7 @@ OTHER_TABLES: dict[str, str] = {
     "gpu_sample_blocks": "packed tier: one job's samples of one GPU in one hour (collector/packed_format.py)",
     "gpu_sample_timelines": "packed tier: the sample times blocks share (collector/compaction.py)",
     "gpu_minute_blocks": "packed tier of gpu_minutes (collector/compaction.py)",
-    "host_sample_blocks": "packed tier of host_samples: one job's samples of one node in one hour (collector/host_tier.py)",
+    "host_sample_blocks": "packed tier of host_samples, a node's samples per hour (collector/host_tier.py)",
     "step_minutes": "per-minute sums of training steps per rank, rolled up at ingest (collector/step_rollup.py)",
     "epoch_starts": "first training step of each epoch, kept at ingest (collector/step_rollup.py)",
     "job_summaries": "computed by the collector when a job ends",
