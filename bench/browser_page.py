@@ -50,7 +50,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 os.environ.setdefault("STREAMLIT_LOGGER_LEVEL", "error")
 
 from bench.stack import REPO, Stack, median_time, running_stack  # noqa: E402
-from jobsight.collector import profile_queries, queries  # noqa: E402
+from jobsight.collector import log_queries, profile_queries, queries  # noqa: E402
 from jobsight.collector.embedded_db import free_port  # noqa: E402
 from jobsight.commands.dashboard import streamlit_argv  # noqa: E402
 from jobsight.dashboard import data  # noqa: E402
@@ -80,12 +80,12 @@ def page_reads(job: str, settings: DashboardSettings) -> dict[str, Callable[[psy
     return {
         "job": lambda conn: queries.get_job(conn, CLUSTER, job),
         "gpus": lambda conn: data.read_gpu_grid(conn, CLUSTER, job, cells, most),
-        "markers": lambda conn: (queries.log_events(conn, CLUSTER, job, level="WARNING", limit=200),
+        "markers": lambda conn: (log_queries.log_events(conn, CLUSTER, job, level="WARNING", limit=200),
                                  queries.epoch_starts(conn, CLUSTER, job),
                                  profile_queries.profile_windows(conn, CLUSTER, job)),
         "steps": lambda conn: data.read_step_grid(conn, CLUSTER, job, cells, most),
         "metrics": lambda conn: data.read_metric_grid(conn, CLUSTER, job, settings.line_points, most),
-        "logs+profiles": lambda conn: (queries.log_events(conn, CLUSTER, job, level="DEBUG", limit=500),
+        "logs+profiles": lambda conn: (log_queries.log_events(conn, CLUSTER, job, level="DEBUG", limit=500),
                                        profile_queries.list_profiles(conn, CLUSTER, job),
                                        profile_queries.profile_requests(conn, CLUSTER, job)),
     }

@@ -33,7 +33,7 @@ from psycopg.rows import dict_row
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.stack import median_time  # noqa: E402
-from jobsight.collector import audit_queries, compaction, migrate, profile_queries, queries  # noqa: E402
+from jobsight.collector import audit_queries, compaction, log_queries, migrate, profile_queries, queries  # noqa: E402
 from jobsight.collector.embedded_db import EmbeddedPostgres  # noqa: E402
 from jobsight.collector.partitions import PartitionKeeper, partition_name  # noqa: E402
 from jobsight.dashboard import data  # noqa: E402
@@ -64,7 +64,7 @@ def job_page_queries(conn: psycopg.Connection[Any]) -> None:
     data.read_gpu_grid(conn, CLUSTER, JOB, PAGE.heatmap_cells, PAGE.chart_points)
     data.read_step_grid(conn, CLUSTER, JOB, PAGE.heatmap_cells, PAGE.chart_points)
     data.read_metric_grid(conn, CLUSTER, JOB, PAGE.line_points, PAGE.chart_points)
-    queries.log_events(conn, CLUSTER, JOB, level="WARNING", limit=200)
+    log_queries.log_events(conn, CLUSTER, JOB, level="WARNING", limit=200)
     queries.epoch_starts(conn, CLUSTER, JOB)
     profile_queries.profile_windows(conn, CLUSTER, JOB)
 

@@ -402,58 +402,6 @@ ORDER BY rank NULLS FIRST, bucket
 """
 
 
-def log_events(
-    conn: Connection,
-    cluster: str,
-    job_id: str,
-    *,
-    rank: int | None = None,
-    pid: int | None = None,
-    tid: int | None = None,
-    level: str | None = None,
-    text: str | None = None,
-    start: dt.datetime | None = None,
-    end: dt.datetime | None = None,
-    limit: int = 200,
-    offset: int = 0,
-) -> list[dict[str, Any]]:
-    """Log lines, newest first. ``level`` is a minimum (``WARNING`` includes ``ERROR``);
-    ``text`` matches message or exception, case-insensitively."""
-    levels = ["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"]
-    wanted = levels[levels.index(level.upper()) :] if level and level.upper() in levels else None
-    return conn.execute(
-        """SELECT ts, node, rank, pid, tid, thread, level, logger, message, exception, attrs
-           FROM log_events
-           WHERE job_id = %(job)s AND cluster = %(cluster)s
-             AND (%(rank)s::int IS NULL OR rank = %(rank)s)
-             AND (%(pid)s::int IS NULL OR pid = %(pid)s)
-             AND (%(tid)s::bigint IS NULL OR tid = %(tid)s)
-             AND (%(levels)s::text[] IS NULL OR level = ANY(%(levels)s))
-             AND (%(text)s::text IS NULL OR message ILIKE %(pattern)s OR exception ILIKE %(pattern)s)
-             AND (%(start)s::timestamptz IS NULL OR ts >= %(start)s)
-             AND (%(end)s::timestamptz IS NULL OR ts <= %(end)s)
-           ORDER BY ts DESC LIMIT %(limit)s OFFSET %(offset)s""",
-        {
-            "job": job_id,
-            "cluster": cluster,
-            "rank": rank,
-            "pid": pid,
-            "tid": tid,
-            "levels": wanted,
-            "text": text,
-            "pattern": f"%{_escape_like(text)}%" if text else None,
-            "start": start,
-            "end": end,
-            "limit": min(max(limit, 1), MAX_PAGE),
-            "offset": max(offset, 0),
-        },
-    ).fetchall()
-
-
-def _escape_like(text: str | None) -> str:
-    return (text or "").replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
-
-
 def epoch_starts(conn: Connection, cluster: str, job_id: str) -> list[dict[str, Any]]:
     """When each training epoch began (its first step record), for timeline markers. A job
     ingested before the step rollup existed (no ``step_minutes`` rows) is read from its steps."""

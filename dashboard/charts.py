@@ -3,7 +3,10 @@
 
 What a chart ships to the browser is bounded: the heatmap by the cells the data layer read, a line
 chart by a point budget across its lines (neighbouring buckets merged when over it), and the step
-chart of many ranks is a band across ranks plus the few ranks outside it, not a line per rank."""
+chart of many ranks is a band across ranks plus the few ranks outside it, not a line per rank.
+
+Every time axis and time tooltip comes from :func:`time_x` and :func:`time_tooltip`: one format
+(24-hour) in one zone (UTC), named in the axis title, so no chart reads another's clock differently."""
 
 from __future__ import annotations
 
@@ -11,6 +14,7 @@ import datetime as dt
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Final
 
 import altair as alt
 import pandas as pd
@@ -31,13 +35,36 @@ GPU_METRICS = {
 }
 
 
-def _scale(domain: Domain) -> alt.Scale:
-    """A time scale fixed to the job's run, as epoch milliseconds (unambiguous for Vega-Lite)."""
-    return alt.Scale(domain=[int(domain[0].timestamp() * 1000), int(domain[1].timestamp() * 1000)])
+TIME_ZONE: Final = "UTC"
+"""The zone of every time axis and tooltip. Vega-Lite's default is the browser's zone, which made a
+chart drawn by Streamlit's own line chart read 06:35 where the others read 18:35; UTC is what the
+collector stores, the API returns and Slurm's accounting is compared against."""
+TIME_FORMAT: Final = "%H:%M"
+"""24-hour clock on every time axis."""
+TIME_TITLE: Final = f"time ({TIME_ZONE})"
+_TOOLTIP_FORMAT: Final = "%Y-%m-%d %H:%M:%S"
 
 
-def _x(domain: Domain, title: str | None = None) -> alt.X:
-    return alt.X("bucket:T", title=title, scale=_scale(domain), axis=alt.Axis(format="%H:%M", labelOverlap=True))
+def _scale(domain: Domain | None) -> alt.Scale:
+    """A UTC time scale, fixed to the job's run when ``domain`` is given (epoch milliseconds:
+    unambiguous for Vega-Lite); ``None``: fitted to the data."""
+    if domain is None:
+        return alt.Scale(type="utc")
+    return alt.Scale(type="utc", domain=[int(domain[0].timestamp() * 1000), int(domain[1].timestamp() * 1000)])
+
+
+def time_x(domain: Domain | None, field: str = "bucket", *, title: str = TIME_TITLE,
+           time_format: str = TIME_FORMAT) -> alt.X:
+    """The time axis every chart shares: ``field`` on a UTC scale, labelled in 24-hour UTC and
+    titled with the zone, so two charts of the page always read the same clock."""
+    return alt.X(f"{field}:T", title=title, scale=_scale(domain),
+                 axis=alt.Axis(format=time_format, labelOverlap=True))
+
+
+def time_tooltip(field: str = "bucket", title: str = "time") -> alt.Tooltip:
+    """A time in a tooltip, in the axes' zone (a UTC time unit makes Vega-Lite format it in UTC)."""
+    return alt.Tooltip(field, type="temporal", timeUnit="utcyearmonthdatehoursminutesseconds",
+                       format=_TOOLTIP_FORMAT, title=f"{title} ({TIME_ZONE})")
 
 
 def merge_buckets(frame: pd.DataFrame, by: Sequence[str], most: int, how: Mapping[str, str]) -> pd.DataFrame:
@@ -69,18 +96,37 @@ def gpu_frame(series: pd.DataFrame) -> pd.DataFrame:
     return frame
 
 
+MAX_EPOCH_RULES: Final = 12
+"""Most epoch rules drawn over a chart. A job of 88 short epochs drew 88 dashed lines, a wall that
+hid the steps under it; past this many, epochs are thinned to evenly spaced ones (the first and
+the last always among them). The markers table under the charts still lists every epoch."""
+
+
+def thin_epochs(markers: pd.DataFrame, most: int = MAX_EPOCH_RULES) -> pd.DataFrame:
+    """``markers`` with at most ``most`` epoch markers, evenly chosen in time order and keeping the
+    first and the last; other markers are untouched."""
+    is_epoch = markers["kind"] == "epoch"
+    epochs = markers[is_epoch].sort_values("start", kind="stable")
+    if len(epochs) <= most:
+        return markers
+    last = len(epochs) - 1
+    picked = sorted({round(i * last / (most - 1)) for i in range(most)}) if most > 1 else [last]
+    return pd.concat([markers[~is_epoch], epochs.iloc[picked]])
+
+
 def marker_layer(markers: pd.DataFrame, domain: Domain) -> alt.LayerChart | None:
-    """Vertical rules for log events and epochs, shaded bands for profiling windows."""
+    """Vertical rules for log events and epochs (thinned, :func:`thin_epochs`), shaded bands for
+    profiling windows."""
     if markers.empty:
         return None
-    scale = _scale(domain)
-    base = alt.Chart(markers)
+    base = alt.Chart(thin_epochs(markers))
     bands = base.transform_filter(alt.datum.kind == "profile").mark_rect(opacity=0.15).encode(
-        x=alt.X("start:T", scale=scale), x2="end:T", color=alt.Color("kind:N", scale=MARKER_COLOURS, title="marker"),
-        tooltip=["label:N", "start:T", "end:T"])
+        x=time_x(domain, "start"), x2="end:T",
+        color=alt.Color("kind:N", scale=MARKER_COLOURS, title="marker"),
+        tooltip=["label:N", time_tooltip("start", "start"), time_tooltip("end", "end")])
     rules = base.transform_filter(alt.datum.kind != "profile").mark_rule(strokeDash=[4, 3]).encode(
-        x=alt.X("start:T", scale=scale), color=alt.Color("kind:N", scale=MARKER_COLOURS, title="marker"),
-        tooltip=["label:N", "start:T"])
+        x=time_x(domain, "start"), color=alt.Color("kind:N", scale=MARKER_COLOURS, title="marker"),
+        tooltip=["label:N", time_tooltip("start")])
     return alt.layer(bands, rules)
 
 
@@ -101,8 +147,9 @@ def gpu_lines(frame: pd.DataFrame, metric: str, node: str, domain: Domain, overl
     merge = "max" if metric == "mem_used_gib" else "mean"
     shown = fit_lines(frame.loc[frame["node"] == node, ["gpu", "bucket", metric]], ["gpu"], budget, {metric: merge})
     lines = alt.Chart(shown).mark_line(interpolate="step-after").encode(
-        x=_x(domain), y=alt.Y(f"{metric}:Q", title=title, scale=scale),
-        color=alt.Color("gpu:N", title="GPU"), tooltip=["gpu:N", "bucket:T", alt.Tooltip(f"{metric}:Q", format=".1f")],
+        x=time_x(domain), y=alt.Y(f"{metric}:Q", title=title, scale=scale),
+        color=alt.Color("gpu:N", title="GPU"),
+        tooltip=["gpu:N", time_tooltip(), alt.Tooltip(f"{metric}:Q", format=".1f")],
     ).properties(title=f"{node}: {title}", height=200)
     return _with_markers(lines, overlay)
 
@@ -128,10 +175,10 @@ def gpu_heatmap(frame: pd.DataFrame, domain: Domain) -> alt.Chart:
     cells = frame[["gpu", "bucket", "util_gpu"]].assign(end=bucket_ends(frame, domain))  # only what is drawn
     order = sorted(frame["gpu"].unique(), key=lambda g: (g.rsplit(":", 1)[0], int(g.rsplit(":", 1)[1] or 0)))
     return alt.Chart(cells).mark_rect().encode(
-        x=_x(domain), x2="end:T",
+        x=time_x(domain), x2="end:T",
         y=alt.Y("gpu:N", sort=order, title=None, axis=alt.Axis(labelOverlap=True, labelFontSize=9)),
         color=alt.Color("util_gpu:Q", title="util %", scale=alt.Scale(domain=[0, 100], scheme="viridis")),
-        tooltip=["gpu:N", "bucket:T", alt.Tooltip("util_gpu:Q", format=".0f")],
+        tooltip=["gpu:N", time_tooltip(), alt.Tooltip("util_gpu:Q", format=".0f")],
     ).properties(height=row_px * gpus, title="GPU utilisation, every GPU")
 
 
@@ -257,10 +304,10 @@ def step_chart(view: StepView, domain: Domain, overlay: alt.LayerChart | None) -
     lines = view.lines.assign(
         straggler=view.lines["rank"].isin(view.stragglers).map({True: "straggler", False: "ok"}),
         label=view.lines["rank"].map(lambda r: _outlier_label(r, view.stragglers)))
-    tooltip = ["rank:N", "bucket:T", alt.Tooltip("duration_s:Q", format=".3f"), "last_step:Q"]
+    tooltip = ["rank:N", time_tooltip(), alt.Tooltip("duration_s:Q", format=".3f"), "last_step:Q"]
     if view.band is None:
         chart = alt.Chart(lines).mark_line().encode(
-            x=_x(domain), y=alt.Y("duration_s:Q", title="step time (s)"), detail="rank:N",
+            x=time_x(domain), y=alt.Y("duration_s:Q", title="step time (s)"), detail="rank:N",
             color=alt.Color("straggler:N", scale=_STRAGGLER_COLOURS, title=None),
             strokeWidth=alt.condition(alt.datum.straggler == "straggler", alt.value(2.5), alt.value(1)),
             tooltip=tooltip,
@@ -270,8 +317,8 @@ def step_chart(view: StepView, domain: Domain, overlay: alt.LayerChart | None) -
     y_title = "step time (s)"
     low, high = (round(q * 100) for q in BAND_QUANTILES)
     spread = f"{low}th–{high}th percentile"
-    base = alt.Chart(view.band).encode(x=_x(domain))
-    band_tooltip = ["bucket:T", alt.Tooltip("median:Q", format=".3f"),
+    base = alt.Chart(view.band).encode(x=time_x(domain))
+    band_tooltip = [time_tooltip(), alt.Tooltip("median:Q", format=".3f"),
                     alt.Tooltip("low:Q", format=".3f", title=f"p{low}"),
                     alt.Tooltip("high:Q", format=".3f", title=f"p{high}"), "ranks:Q"]
     area = base.mark_area(opacity=0.35, color="#9ecae9", interpolate="step-after").encode(
@@ -281,7 +328,7 @@ def step_chart(view: StepView, domain: Domain, overlay: alt.LayerChart | None) -
     layers: list[alt.Chart] = [area, median]
     if not lines.empty:
         layers.append(alt.Chart(lines).mark_line(interpolate="step-after").encode(
-            x=_x(domain), y=alt.Y("duration_s:Q", title=y_title), detail="rank:N",
+            x=time_x(domain), y=alt.Y("duration_s:Q", title=y_title), detail="rank:N",
             color=alt.Color("label:N", title="drawn alone", scale=_outlier_colours(view)),
             strokeWidth=alt.condition(alt.datum.straggler == "straggler", alt.value(2.5), alt.value(1.5)),
             tooltip=tooltip))
@@ -297,11 +344,20 @@ def metric_chart(frame: pd.DataFrame, name: str, domain: Domain, budget: int) ->
         rank=lambda f: f["rank"].fillna(-1).astype(int))
     data = fit_lines(data, ["rank"], budget, {"value": "mean", "step": "max"})
     return alt.Chart(data).mark_line().encode(
-        x=alt.X("bucket:T", title=None, axis=alt.Axis(format="%H:%M", labelOverlap=True)),
-        y=alt.Y("value:Q", title=name, scale=alt.Scale(zero=False)),
+        x=time_x(domain), y=alt.Y("value:Q", title=name, scale=alt.Scale(zero=False)),
         color=alt.Color("rank:N"),
-        tooltip=["rank:N", "bucket:T", "step:Q", alt.Tooltip("value:Q", format=".4g")],
+        tooltip=["rank:N", time_tooltip(), "step:Q", alt.Tooltip("value:Q", format=".4g")],
     ).properties(height=180, title=name)
+
+
+def throughput_chart(steps: pd.DataFrame, domain: Domain) -> alt.Chart:
+    """Samples per bucket summed over ranks, on the page's one time axis (it was Streamlit's own
+    line chart, which labelled time in the browser's zone on a 12-hour clock)."""
+    per_bucket = steps.groupby("bucket", as_index=False)["samples"].sum(min_count=1).dropna(subset=["samples"])
+    return alt.Chart(per_bucket).mark_line(interpolate="step-after").encode(
+        x=time_x(domain), y=alt.Y("samples:Q", title="samples per bucket"),
+        tooltip=[time_tooltip(), alt.Tooltip("samples:Q", format=",.0f")],
+    ).properties(height=160, title="Throughput (samples per bucket, all ranks)")
 
 
 def breakdown_chart(breakdown: pd.DataFrame) -> alt.Chart:
@@ -316,6 +372,7 @@ def trend_chart(trend: pd.DataFrame) -> alt.Chart:
     long = trend.melt(id_vars=["day"], value_vars=["gpu_hours", "low_util_gpu_hours"], var_name="series",
                       value_name="hours")
     return alt.Chart(long).mark_line(point=True).encode(
-        x=alt.X("day:T", title=None), y=alt.Y("hours:Q", title="GPU-hours"), color="series:N",
-        tooltip=["day:T", "series:N", alt.Tooltip("hours:Q", format=".1f")])
+        x=time_x(None, "day", title=f"day ({TIME_ZONE})", time_format="%Y-%m-%d"),
+        y=alt.Y("hours:Q", title="GPU-hours"), color="series:N",
+        tooltip=[time_tooltip("day", "day"), "series:N", alt.Tooltip("hours:Q", format=".1f")])
 

@@ -18,7 +18,7 @@ import pandas as pd
 import streamlit as st
 from psycopg_pool import ConnectionPool
 
-from jobsight.collector import audit_queries, profile_queries, queries
+from jobsight.collector import audit_queries, log_queries, profile_queries, queries
 from jobsight.collector.db import Connection, open_pool, unit_of_work
 from jobsight.dashboard.identity import Viewer
 from jobsight.dashboard.settings import load_dashboard_settings, points_per_series
@@ -285,7 +285,7 @@ def metric_series(ref: JobRef, points: int, most: int) -> pd.DataFrame:
 @st.cache_data(ttl=TTL, show_spinner=False)
 def _markers(cluster: str, job_id: str) -> pd.DataFrame:
     """Timeline markers: warnings and errors from the log, epoch starts, profiling windows."""
-    logs = _read(queries.log_events, cluster, job_id, level="WARNING", limit=200)
+    logs = _read(log_queries.log_events, cluster, job_id, level="WARNING", limit=200)
     epochs = _read(queries.epoch_starts, cluster, job_id)
     windows = _read(profile_queries.profile_windows, cluster, job_id)
     rows = [{"kind": f"log {r['level'].lower()}", "start": r["ts"], "end": r["ts"], "label": r["message"][:120]}
@@ -302,8 +302,9 @@ def markers(ref: JobRef) -> pd.DataFrame:
 
 @st.cache_data(ttl=TTL, show_spinner=False)
 def _logs(cluster: str, job_id: str, filters: tuple[tuple[str, Any], ...], limit: int) -> pd.DataFrame:
-    return _frame(_read(queries.log_events, cluster, job_id, limit=limit, **dict(filters)),
-                  ("ts", "node", "rank", "pid", "tid", "thread", "level", "logger", "message", "exception"))
+    return _frame(_read(log_queries.log_events, cluster, job_id, limit=limit, **dict(filters)),
+                  ("ts", "node", "rank", "rank_from_pid", "pid", "tid", "thread", "level", "logger", "message",
+                   "exception"))
 
 
 def logs(ref: JobRef, *, rank: int | None = None, pid: int | None = None, tid: int | None = None,

@@ -18,6 +18,7 @@ import os
 import threading
 import time
 from dataclasses import dataclass
+from typing import Any
 
 from jobsight.agent.settings import AgentSettings
 
@@ -67,6 +68,22 @@ def process_start_time(pid: int | None = None, proc_root: str = "/proc") -> int 
         return btime + ticks // os.sysconf("SC_CLK_TCK")
     except (OSError, ValueError, IndexError, StopIteration):
         return None
+
+
+def process_owner(uid: int | None = None) -> dict[str, Any]:
+    """Who runs this process, for a run's metadata: ``uid``, ``user`` (the passwd name of ``uid``,
+    default this process's; else ``LOGNAME``/``USER``; ``None`` when neither tells, e.g. a container
+    uid without a passwd entry) and ``slurm`` (whether Slurm started it). Outside Slurm no prolog
+    says whose job it is, so this is the only user the job page has to show."""
+    uid = os.getuid() if uid is None else uid
+    user: str | None
+    try:
+        import pwd  # Unix only, like the agent
+
+        user = pwd.getpwuid(uid).pw_name
+    except (ImportError, KeyError):
+        user = next((os.environ[n] for n in ("LOGNAME", "USER") if os.environ.get(n)), None)
+    return {"user": user, "uid": uid, "slurm": bool(os.environ.get("SLURM_JOB_ID"))}
 
 
 def _launched_by_torch() -> bool:

@@ -1,6 +1,7 @@
 """What a profile says: where one rank's time went (compute, communication, memcpy, data
-loading, idle) from the Chrome trace events, the top ops from the torch profiler, and the
-CUDA memory facts. Feeds the ``summary`` of a ``profile`` record (:mod:`jobsight.agent.training.profiling`)."""
+loading, and idle on a GPU or other host time on CPU) from the Chrome trace events, the top
+ops from the torch profiler, and the CUDA memory facts. Feeds the ``summary`` of a ``profile``
+record (:mod:`jobsight.agent.training.profiling`)."""
 
 from __future__ import annotations
 
@@ -18,6 +19,10 @@ MEMCPY_PATTERN: Final = re.compile(r"memcpy|memset", re.I)
 
 
 # -- the time breakdown, from trace events -------------------------------------------------
+
+LEFTOVER: Final = {"device": "idle_us", "host": "host_other_us"}
+"""The key of the window's time in no category, by basis: a GPU with no kernel is idle; a CPU
+outside the profiled ops is still running the process (see :func:`breakdown`)."""
 
 
 Interval = tuple[float, float]
@@ -46,8 +51,12 @@ def breakdown(events: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """Where one rank's time went over the profiled steps, from Chrome trace events.
 
     Categories are exclusive, taken in this order: communication (nccl/gloo/c10d
-    collectives), memcpy, data loading, compute; idle is what is left of the window.
-    On a GPU the basis is the device's timeline (kernels); on CPU only it is the host's.
+    collectives), memcpy, data loading, compute; what is left of the window is ``idle`` on
+    a GPU and ``host_other`` on CPU. On a GPU the basis is the device's timeline (kernels),
+    where time without a kernel is the device idling. On CPU only the basis is the host's
+    ops, and time outside them is not idle: the process was running Python, framework code
+    between ops, or sleeping or waiting in code the profiler has no op for, so it is reported
+    as other host time and never called idle.
     ``comm_overlap`` is the share of communication time that overlaps compute (``None``
     without communication). Times are µs.
     """
@@ -111,13 +120,13 @@ def breakdown(events: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         "communication_us": round(comm_us, 1),
         "memcpy_us": round(memcpy_us, 1),
         "data_loading_us": round(data_us, 1),
-        "idle_us": round(max(window - busy, 0.0), 1),
+        LEFTOVER[basis]: round(max(window - busy, 0.0), 1),
         "comm_overlap": round(overlap, 3) if overlap is not None else None,
         "step_count": len(steps),
         "step_time_us": [round(e - s, 1) for s, e in spans] if steps else [],
     }
     if window > 0:
-        for key in ("compute", "communication", "memcpy", "data_loading", "idle"):
+        for key in ("compute", "communication", "memcpy", "data_loading", LEFTOVER[basis].removesuffix("_us")):
             result[f"{key}_share"] = round(result[f"{key}_us"] / window, 4)
     if kernels:
         durations = [float(e.get("dur", 0)) for e in kernels if e.get("cat") == "kernel"]

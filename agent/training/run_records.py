@@ -21,7 +21,7 @@ from typing import Any
 
 from jobsight.agent.settings import AgentSettings, load_agent_settings
 from jobsight.agent.shipping.shipper import Shipper, get_shipper
-from jobsight.agent.training.context import RunContext, current_context
+from jobsight.agent.training.context import RunContext, current_context, process_owner
 from jobsight.agent.training.directives import DirectivePoller
 from jobsight.agent.training.profile_schedule import ProfileOptions, ProfileSchedule
 from jobsight.agent.training.profiling import StepProfiling
@@ -138,10 +138,13 @@ class RunRecorder:
         self.shipper.enqueue(record)
 
     def run_started(self, *, demo: bool = False, name: str | None = None, attrs: Mapping[str, Any]) -> None:
-        """The run's metadata on the job (``job_started`` merges ``attrs`` into the job's)."""
+        """The run's metadata on the job (``job_started`` merges ``attrs`` into the job's), with the
+        process's owner under ``process`` (:func:`~jobsight.agent.training.context.process_owner`).
+        In ``attrs``, not the job's ``user``: that is Slurm's accounting, which a job token may not set."""
         record = self._base("job_started")
         record.update(
-            demo=demo, name=clip(str(name), wire.MAX_STRING) if name is not None else None, attrs=json_safe(dict(attrs))
+            demo=demo, name=clip(str(name), wire.MAX_STRING) if name is not None else None,
+            attrs=json_safe({"process": process_owner(), **attrs}),
         )
         self.shipper.enqueue(record)
 

@@ -1,4 +1,4 @@
-"""The read API over :mod:`jobsight.collector.queries`."""
+"""The read API over :mod:`jobsight.collector.queries` (log lines: :mod:`jobsight.collector.log_queries`)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Query
 
-from jobsight.collector import queries
+from jobsight.collector import log_queries, queries
 from jobsight.collector.db import unit_of_work
 from jobsight.collector.deps import Auth, CurrentPrincipal, Pool
 from jobsight.collector.job_access import Cluster, ReadableJob
@@ -93,8 +93,9 @@ def get_logs(
     limit: Annotated[int, Query(ge=1, le=queries.MAX_PAGE)] = 200,
     offset: OffsetQuery = 0,
 ) -> dict[str, Any]:
+    """Log lines, newest first; a line sent without a rank has its process's (``rank_from_pid``)."""
     with unit_of_work(pool) as conn:
-        rows = queries.log_events(
+        rows = log_queries.log_events(
             conn, job.cluster, job.job_id, rank=rank, pid=pid, tid=tid, level=level, text=text,
             start=start, end=end, limit=limit, offset=offset,
         )

@@ -12,7 +12,7 @@ from typing import Any
 import pandas as pd
 import streamlit as st
 
-from jobsight.dashboard import charts, data
+from jobsight.dashboard import charts, data, job_facts
 from jobsight.dashboard.identity import viewer_or_stop
 from jobsight.dashboard.settings import load_dashboard_settings
 from jobsight.protocol import diagnosis
@@ -64,8 +64,8 @@ def header() -> None:
     st.title(f"Job {job['job_id']}" + (f" · {job['name']}" if job.get("name") else ""))
     gpus = job.get("gpus") or []
     cells = st.columns(6)
-    cells[0].metric("User", job.get("user_name") or "unknown")
-    cells[1].metric("Partition", job.get("partition") or "unknown")
+    cells[0].metric("User", job_facts.user(job))
+    cells[1].metric("Partition", job_facts.partition(job))
     cells[2].metric("Nodes", job.get("node_count") or len(job.get("nodes") or []) or "unknown")
     cells[3].metric("GPUs", len(gpus) or job.get("gpu_count") or "unknown")
     cells[4].metric("Elapsed", _elapsed(domain))
@@ -124,11 +124,8 @@ def training() -> None:
             st.caption(f"{view.ranks} ranks: the band is their 10th–90th percentile step time in each bucket, the "
                        f"dark line their median. Drawn alone: {alone or 'none, every rank stays near the band'}"
                        + (f"; {view.hidden} more rank(s) outside the band not drawn." if view.hidden else "."))
-        throughput = steps.groupby("bucket", as_index=False)[["samples", "duration_s"]].agg(
-            {"samples": "sum", "duration_s": "mean"})
-        if throughput["samples"].notna().any():
-            st.caption("Throughput (samples per bucket, all ranks)")
-            st.line_chart(throughput, x="bucket", y="samples", height=160)
+        if steps["samples"].notna().any():
+            st.altair_chart(charts.throughput_chart(steps, domain), width="stretch")
     st.subheader("Training metrics")
     metrics = data.metric_series(ref, settings.line_points, settings.chart_points)
     if metrics.empty:
@@ -165,15 +162,26 @@ def log_table() -> None:
                  hide_index=True, width="stretch", height=320)
 
 
-BREAKDOWN_PARTS = ("compute", "communication", "memcpy", "data_loading", "idle")
+# The breakdown's ``<part>_us`` fields and their labels (a comment, not a docstring: Streamlit's magic
+# would print a bare string on the page). ``idle`` is the GPU's; a CPU-only profile has ``host_other``
+# instead (profile_summary.LEFTOVER), as CPU time outside ops is not idle.
+BREAKDOWN_PARTS = {"compute": "compute", "communication": "communication", "memcpy": "memcpy",
+                   "data_loading": "data loading", "idle": "GPU idle", "host_other": "other CPU (host) time"}
 
 
 def _breakdown(rows: list[dict[str, Any]]) -> pd.DataFrame:
-    """Per rank, seconds by category from the profile's ``breakdown`` (``<part>_us`` fields)."""
-    long = [{"rank": "?" if r["rank"] is None else r["rank"], "category": part.replace("_", " "),
-             "seconds": float(v) / 1e6}
-            for r in rows for part in BREAKDOWN_PARTS
-            if isinstance(v := ((r["summary"] or {}).get("breakdown") or {}).get(f"{part}_us"), int | float)]
+    """Per rank, seconds by category from the profile's ``breakdown`` (``<part>_us`` fields). A
+    host-basis profile stored before ``host_other`` existed says ``idle``: shown as what it was."""
+    long = []
+    for r in rows:
+        times = (r["summary"] or {}).get("breakdown") or {}
+        for part, label in BREAKDOWN_PARTS.items():
+            value = times.get(f"{part}_us")
+            if isinstance(value, int | float):
+                if part == "idle" and times.get("basis") == "host":
+                    label = BREAKDOWN_PARTS["host_other"]
+                long.append({"rank": "?" if r["rank"] is None else r["rank"], "category": label,
+                             "seconds": float(value) / 1e6})
     return pd.DataFrame(long)
 
 

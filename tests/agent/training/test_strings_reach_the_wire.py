@@ -25,6 +25,7 @@ import pytest
 
 from jobsight.agent.settings import AgentSettings
 from jobsight.agent.shipping.shipper import Shipper
+from jobsight.agent.training.context import process_owner
 from jobsight.agent.training.logs import JobsightHandler
 from jobsight.agent.training.profiling import pack_trace
 from jobsight.agent.training.run_records import RunRecorder
@@ -150,7 +151,8 @@ def test_run_records_with_odd_text_and_numbers_are_stored(collector: _Collector,
     assert collector.refused == []
     by_kind = {r["kind"]: r for r in collector.records}
     assert sorted(by_kind) == ["job_started", "log", "metric", "profile", "step"]
-    assert (by_kind["job_started"]["name"], by_kind["job_started"]["attrs"]) == (SHOWN, {SHOWN: SHOWN})
+    started = by_kind["job_started"]
+    assert (started["name"], started["attrs"]) == (SHOWN, {SHOWN: SHOWN, "process": process_owner()})
     assert by_kind["log"]["message"] == f"checkpoint {SHOWN}" and by_kind["log"]["attrs"] == {"file": SHOWN}
     assert by_kind["log"]["exception"].rstrip().endswith(f"ValueError: {SHOWN}")
     assert by_kind["metric"]["name"] == f"loss/{SHOWN}"
