@@ -235,33 +235,22 @@ def _drop_refusing_triggers(conn: Connection) -> None:
             sql.Identifier(REFUSING_TRIGGER), sql.Identifier(table)))
 
 
-# Jobs with raw rows on the day, found by skipping through the (job_id, ...) indexes of both
-# raw tables: one index probe per job, not a scan of the day.
-_DAY_JOBS: Final = """
-WITH RECURSIVE sample_jobs AS (
-    (SELECT job_id FROM gpu_samples WHERE ts >= %(day)s AND ts < %(day_end)s ORDER BY job_id LIMIT 1)
+def _skip_scan(table: str) -> str:
+    """The jobs with rows of ``table`` on the day, one index probe each (a recursive CTE)."""
+    return f"""{table}_jobs AS (
+    (SELECT job_id FROM {table} WHERE ts >= %(day)s AND ts < %(day_end)s ORDER BY job_id LIMIT 1)
     UNION ALL
-    SELECT (SELECT s.job_id FROM gpu_samples s WHERE s.ts >= %(day)s AND s.ts < %(day_end)s
-            AND s.job_id > j.job_id ORDER BY s.job_id LIMIT 1)
-    FROM sample_jobs j WHERE j.job_id IS NOT NULL
-), host_jobs AS (
-    (SELECT job_id FROM host_samples WHERE ts >= %(day)s AND ts < %(day_end)s ORDER BY job_id LIMIT 1)
-    UNION ALL
-    SELECT (SELECT h.job_id FROM host_samples h WHERE h.ts >= %(day)s AND h.ts < %(day_end)s
-            AND h.job_id > j.job_id ORDER BY h.job_id LIMIT 1)
-    FROM host_jobs j WHERE j.job_id IS NOT NULL
-), minute_jobs AS (
-    (SELECT job_id FROM gpu_minutes WHERE ts >= %(day)s AND ts < %(day_end)s ORDER BY job_id LIMIT 1)
-    UNION ALL
-    SELECT (SELECT m.job_id FROM gpu_minutes m WHERE m.ts >= %(day)s AND m.ts < %(day_end)s
-            AND m.job_id > j.job_id ORDER BY m.job_id LIMIT 1)
-    FROM minute_jobs j WHERE j.job_id IS NOT NULL
-)
-SELECT job_id FROM sample_jobs WHERE job_id IS NOT NULL
-UNION
-SELECT job_id FROM minute_jobs WHERE job_id IS NOT NULL
-UNION
-SELECT job_id FROM host_jobs WHERE job_id IS NOT NULL
+    SELECT (SELECT r.job_id FROM {table} r WHERE r.ts >= %(day)s AND r.ts < %(day_end)s
+            AND r.job_id > j.job_id ORDER BY r.job_id LIMIT 1)
+    FROM {table}_jobs j WHERE j.job_id IS NOT NULL
+)"""
+
+
+# Jobs with raw rows on the day, found by skipping through the (job_id, ...) indexes of the raw
+# tables: one index probe per job, not a scan of the day.
+_DAY_JOBS: Final = f"""
+WITH RECURSIVE {", ".join(_skip_scan(t) for t in RAW_TABLES)}
+{" UNION ".join(f"SELECT job_id FROM {t}_jobs WHERE job_id IS NOT NULL" for t in RAW_TABLES)}
 ORDER BY job_id
 """
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Final
 
 from jobsight.collector.schema import SERIES_KEY, host_samples
+from jobsight.collector.tiers import sample_range
 
 HOST_VALUES: Final = tuple(c.name for c in host_samples.columns if c.name not in SERIES_KEY)
 """The measurements of a host sample (``cpu_util``, ``cpu_time_s``, ``mem_used``, ``mem_limit``)."""
@@ -45,14 +46,8 @@ def samples(*, job: str = "%(job)s", cluster: str = "%(cluster)s", start: str | 
     )"""
 
 
-RANGE: Final = """
-SELECT min(first) AS start, max(last) AS end FROM (
-    SELECT min(ts) AS first, max(ts) AS last FROM host_samples WHERE job_id = %(job)s AND cluster = %(cluster)s
-    UNION ALL
-    SELECT min(first_ts), max(last_ts) FROM host_sample_blocks WHERE job_id = %(job)s AND cluster = %(cluster)s
-) r
-"""
-"""First and last host sample of a job over both tiers (blocks keep theirs: none is unpacked)."""
+RANGE: Final = sample_range("host_samples", "host_sample_blocks")
+"""First and last host sample of a job over both tiers."""
 
 # Every array of a block is aggregated in the same order, all columns breaking ties, so the
 # arrays stay in step even for two samples of one node at one time.

@@ -176,14 +176,21 @@ def minutes(
     return f"({' UNION ALL '.join(parts)})"
 
 
-SAMPLE_RANGE: Final = """
+def sample_range(hot: str, packed: str) -> str:
+    """First and last sample of a job (``%(job)s``, ``%(cluster)s``) over both tiers: the ``hot``
+    table's rows and the ``packed`` table's blocks, which keep their first and last times, so
+    none is unpacked."""
+    return f"""
 SELECT min(first) AS start, max(last) AS end FROM (
-    SELECT min(ts) AS first, max(ts) AS last FROM gpu_samples WHERE job_id = %(job)s AND cluster = %(cluster)s
+    SELECT min(ts) AS first, max(ts) AS last FROM {hot} WHERE job_id = %(job)s AND cluster = %(cluster)s
     UNION ALL
-    SELECT min(first_ts), max(last_ts) FROM gpu_sample_blocks WHERE job_id = %(job)s AND cluster = %(cluster)s
+    SELECT min(first_ts), max(last_ts) FROM {packed} WHERE job_id = %(job)s AND cluster = %(cluster)s
 ) r
 """
-"""First and last sample of a job over both tiers (blocks keep theirs, so none is unpacked)."""
+
+
+SAMPLE_RANGE: Final = sample_range("gpu_samples", "gpu_sample_blocks")
+"""First and last GPU sample of a job over both tiers."""
 
 
 def latest_samples(columns: Sequence[str]) -> str:
