@@ -193,6 +193,8 @@ step_minutes = Table(
     Column("epoch", Integer),
     Column("first_ts", TS, nullable=False),
     Column("last_ts", TS, nullable=False),
+    Column("forward_sum", Double),
+    Column("forward_n", Integer),
     Index("uq_step_minutes_key", "job_id", "cluster", "ts", "rank", unique=True),
     postgresql_partition_by=PARTITION_BY,
 )
@@ -267,6 +269,7 @@ steps = Table(
     Column("compute_s", Double),
     Column("samples", Integer),
     Column("tid", BigInteger),
+    Column("forward_s", Double),
     Index(None, "job_id", "ts"),
     postgresql_partition_by=PARTITION_BY,
 )
@@ -336,6 +339,59 @@ profile_requests = Table(
     Column("profile_id", Text),
     PrimaryKeyConstraint("job_id", "id"),
     Index(None, "job_id", "state"),
+)
+
+# What the health rules (jobsight/protocol/health.py) noticed, by collector/findings.py. A
+# finding is keyed by (job, rule, subject): at most one open at a time (the partial unique index),
+# so a restarted evaluator updates the open one instead of opening it again; a resolved one stays
+# as history, and the same condition later opens a new row.
+findings = Table(
+    "findings",
+    metadata,
+    Column("id", BigInteger, Identity(), nullable=False),
+    Column("cluster", Text, nullable=False),
+    Column("job_id", Text, nullable=False),
+    Column("rule", Text, nullable=False),
+    # What it is about within the job: '' for the whole job, 'rank 3', 'gpu node1/0'.
+    Column("subject", Text, nullable=False, server_default=text("''")),
+    Column("rank", Integer),
+    Column("node", Text),
+    Column("gpu", Text),
+    Column("severity", Text, nullable=False),
+    Column("state", Text, nullable=False, server_default=text("'open'")),
+    Column("opened_at", TS, nullable=False),
+    Column("updated_at", TS, nullable=False),
+    Column("resolved_at", TS),
+    Column("at_ts", TS),
+    Column("title", Text, nullable=False),
+    Column("message", Text, nullable=False),
+    Column("evidence", JSONB, nullable=False),
+    PrimaryKeyConstraint("job_id", "id"),
+    Index("uq_findings_open", "job_id", "cluster", "rule", "subject", unique=True,
+          postgresql_where=text("state = 'open'")),
+    Index(None, "state"),
+)
+
+# Alerts to send, written in the transaction that opens or resolves a finding (a transactional
+# outbox): a collector killed before sending finds the row after restart, and ``sent_at`` is set
+# once it went, so it is not sent twice. One row per finding, event and sink.
+alert_outbox = Table(
+    "alert_outbox",
+    metadata,
+    Column("id", BigInteger, Identity(), nullable=False),
+    Column("cluster", Text, nullable=False),
+    Column("job_id", Text, nullable=False),
+    Column("finding_id", BigInteger, nullable=False),
+    Column("event", Text, nullable=False),
+    Column("sink", Text, nullable=False),
+    Column("created_at", TS, nullable=False, server_default=text("now()")),
+    Column("next_try_at", TS, nullable=False, server_default=text("now()")),
+    Column("attempts", Integer, nullable=False, server_default=text("0")),
+    Column("sent_at", TS),
+    Column("last_error", Text),
+    PrimaryKeyConstraint("job_id", "id"),
+    Index("uq_alert_outbox_event", "job_id", "finding_id", "event", "sink", unique=True),
+    Index("ix_alert_outbox_unsent", "next_try_at", postgresql_where=text("sent_at IS NULL")),
 )
 
 # The packed tier. A closed day of gpu_samples and gpu_minutes is rewritten by the compaction

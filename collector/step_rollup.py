@@ -45,7 +45,7 @@ EpochKey = tuple[str, str, int]
 # Positions in a steps row (ingest_rows builds rows in the table's column order).
 _AT: Final = {column.name: i for i, column in enumerate(steps.columns)}
 _JOB, _RANK, _STEP, _EPOCH, _PHASE = (_AT[n] for n in ("job_id", "rank", "step", "epoch", "phase"))
-_DURATION, _DATA_WAIT, _SAMPLES = (_AT[n] for n in ("duration_s", "data_wait_s", "samples"))
+_DURATION, _DATA_WAIT, _SAMPLES, _FORWARD = (_AT[n] for n in ("duration_s", "data_wait_s", "samples", "forward_s"))
 
 
 @dataclass(slots=True)
@@ -61,6 +61,9 @@ class StepSums:
     """``None`` when no step of the minute had a data wait (as SQL's ``sum`` of none)."""
     samples_sum: int | None = None
     epoch: int | None = None
+    forward_sum: float | None = None
+    """Sum of the steps' ``forward_s``, over ``forward_n`` steps (``None``: none had one)."""
+    forward_n: int | None = None
 
 
 def _add(a: Any, b: Any) -> Any:
@@ -77,7 +80,8 @@ def combined(a: StepSums, b: StepSums) -> StepSums:
     return StepSums(
         min(a.first_ts, b.first_ts), max(a.last_ts, b.last_ts), max(a.last_step, b.last_step), a.steps + b.steps,
         a.duration_sum + b.duration_sum, max(a.duration_max, b.duration_max), _add(a.data_wait_sum, b.data_wait_sum),
-        _add(a.samples_sum, b.samples_sum), _max(a.epoch, b.epoch),
+        _add(a.samples_sum, b.samples_sum), _max(a.epoch, b.epoch), _add(a.forward_sum, b.forward_sum),
+        _add(a.forward_n, b.forward_n),
     )
 
 
@@ -118,6 +122,12 @@ class StepRollup:
                 s.data_wait_sum = wait if s.data_wait_sum is None else s.data_wait_sum + wait
             if (samples := row[_SAMPLES]) is not None:
                 s.samples_sum = samples if s.samples_sum is None else s.samples_sum + samples
+            if (forward := row[_FORWARD]) is not None:
+                if s.forward_sum is None:
+                    s.forward_sum, s.forward_n = forward, 1
+                else:
+                    s.forward_sum += forward
+                    s.forward_n = (s.forward_n or 0) + 1
             if epoch is not None:
                 if s.epoch is None or epoch > s.epoch:
                     s.epoch = epoch
@@ -148,10 +158,10 @@ def merged_epochs(parts: Iterable[tuple[str, StepRollup]]) -> dict[EpochKey, int
 _KEY = ("cluster", "job_id", "rank", "ts")
 _KEY_TYPES = ("text", "text", "int", "timestamptz")
 _COLUMNS = ("steps", "duration_sum", "duration_max", "data_wait_sum", "samples_sum", "last_step", "epoch",
-            "first_ts", "last_ts")
-_TYPES = ("int", "float8", "float8", "float8", "int8", "int8", "int", "timestamptz", "timestamptz")
+            "first_ts", "last_ts", "forward_sum", "forward_n")
+_TYPES = ("int", "float8", "float8", "float8", "int8", "int8", "int", "timestamptz", "timestamptz", "float8", "int")
 _ADDED = ("steps", "duration_sum")
-_ADDED_OR_NULL = ("data_wait_sum", "samples_sum")
+_ADDED_OR_NULL = ("data_wait_sum", "samples_sum", "forward_sum", "forward_n")
 _GREATEST = ("duration_max", "last_step", "epoch", "last_ts")  # greatest() passes over NULLs
 
 # One JSON array for the rows, as rollup.py sends gpu_minutes (and for the same reason).
@@ -174,7 +184,8 @@ def _as_json(key: ClusterKey, s: StepSums) -> dict[str, Any]:
         "cluster": cluster, "job_id": job, "rank": rank, "ts": ts_from_us(minute), "steps": s.steps,
         "duration_sum": s.duration_sum, "duration_max": s.duration_max, "data_wait_sum": s.data_wait_sum,
         "samples_sum": s.samples_sum, "last_step": s.last_step, "epoch": s.epoch,
-        "first_ts": ts_from_us(s.first_ts), "last_ts": ts_from_us(s.last_ts),
+        "first_ts": ts_from_us(s.first_ts), "last_ts": ts_from_us(s.last_ts), "forward_sum": s.forward_sum,
+        "forward_n": s.forward_n,
     }
 
 
@@ -244,9 +255,10 @@ _TRAIN: Final = "job_id = %(job)s AND cluster = %(cluster)s AND coalesce(phase, 
 
 _REBUILD_MINUTES: Final = f"""
 INSERT INTO step_minutes (cluster, job_id, ts, rank, steps, duration_sum, duration_max, data_wait_sum,
-                          samples_sum, last_step, epoch, first_ts, last_ts)
+                          samples_sum, last_step, epoch, first_ts, last_ts, forward_sum, forward_n)
 SELECT %(cluster)s, %(job)s, {_MINUTE_OF_TS}, coalesce(rank, {NO_RANK}), count(*), sum(duration_s),
-       max(duration_s), sum(data_wait_s), sum(samples), max(step), max(epoch), min(ts), max(ts)
+       max(duration_s), sum(data_wait_s), sum(samples), max(step), max(epoch), min(ts), max(ts),
+       sum(forward_s), nullif(count(forward_s), 0)
 FROM steps WHERE {_TRAIN}
 GROUP BY {_MINUTE_OF_TS}, coalesce(rank, {NO_RANK})
 """

@@ -115,6 +115,9 @@ class FitTelemetry:
     def batch_started(self) -> None:
         self.timer.arrived()
 
+    def backward_started(self) -> None:
+        self.timer.backward()
+
     def batch_ended(self, epoch: int, samples: int | None = None) -> TrainingRun | None:
         """Record the step that just ended; returns the run for the caller's own per-step work
         (metrics, profiling), ``None`` when telemetry is off."""
@@ -123,7 +126,7 @@ class FitTelemetry:
         if run is None:
             return None
         run.recorder.step(self.batches, step.duration_s, epoch=epoch, data_wait_s=step.data_wait_s,
-                          compute_s=step.compute_s, samples=samples)
+                          compute_s=step.compute_s, samples=samples, forward_s=step.forward_s)
         self.batches += 1
         return run
 

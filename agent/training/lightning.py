@@ -9,7 +9,7 @@ The two lines::
 Records: run metadata at fit start (hyper-parameters, world size, rank, devices,
 precision), one ``step`` per training batch (data wait = time from the previous
 batch's end to this batch's start, which is where Lightning fetches the batch;
-compute = the batch hooks' span), logged metrics at the trainer's logging cadence
+compute = the batch hooks' span, forward = batch start to backward start), logged metrics at the trainer's logging cadence
 and at epoch/validation ends, epoch, validation and checkpoint events, and the
 exception with its traceback. Step numbers count training batches on this rank.
 
@@ -146,6 +146,9 @@ class JobsightCallback(Callback):
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
     ) -> None:
         self._telemetry.batch_started()
+
+    def on_before_backward(self, trainer: pl.Trainer, pl_module: pl.LightningModule, loss: Any) -> None:
+        self._telemetry.backward_started()
 
     @_quiet
     def on_train_batch_end(

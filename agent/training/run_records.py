@@ -94,14 +94,16 @@ class RunRecorder:
         data_wait_s: float | None = None,
         compute_s: float | None = None,
         samples: int | None = None,
+        forward_s: float | None = None,
     ) -> None:
-        """One finished step; ``data_wait_s``/``compute_s`` ``None`` means not measurable here."""
+        """One finished step; ``data_wait_s``/``compute_s``/``forward_s`` ``None`` means not
+        measurable here."""
         record = self._base("step")
         record.update(
             rank=self.rank, pid=self.pid, tid=threading.get_native_id(), step=int(step), epoch=_int4(epoch),
             phase=clip(phase, wire.MAX_STRING) if phase is not None else None,
             duration_s=_seconds(duration_s) or 0.0, data_wait_s=_seconds(data_wait_s), compute_s=_seconds(compute_s),
-            samples=_int4(samples),
+            samples=_int4(samples), forward_s=_seconds(forward_s),
         )
         self.shipper.enqueue(record)
 

@@ -19,6 +19,8 @@ class StepTime:
     duration_s: float
     data_wait_s: float
     compute_s: float
+    forward_s: float | None = None
+    """Arrival to backward start, when the integration marked it (:meth:`StepTimer.backward`)."""
 
 
 class StepTimer:
@@ -27,6 +29,7 @@ class StepTimer:
     def __init__(self, clock: Callable[[], float] = time.perf_counter) -> None:
         self._clock = clock
         self._ready = self._arrived = self._epoch_start = clock()
+        self._backward: float | None = None
 
     def epoch_started(self) -> None:
         """A new epoch: its duration counts from now, and so does the first batch's wait."""
@@ -39,13 +42,21 @@ class StepTimer:
     def arrived(self) -> None:
         """The batch is in hand; the step's compute starts."""
         self._arrived = self._clock()
+        self._backward = None
+
+    def backward(self) -> None:
+        """Backward starts now (the first call of a step counts: gradient accumulation or a
+        second loss calls it again)."""
+        if self._backward is None:
+            self._backward = self._clock()
 
     def done(self) -> StepTime:
         """The step ended now: its data wait, compute and their sum."""
         now = self._clock()
         wait = max(0.0, self._arrived - self._ready)
         compute = now - self._arrived
-        return StepTime(wait + compute, wait, compute)
+        forward = None if self._backward is None else self._backward - self._arrived
+        return StepTime(wait + compute, wait, compute, forward)
 
     def since_epoch_start(self) -> float:
         return self._clock() - self._epoch_start

@@ -219,6 +219,11 @@ class Step:
     data_wait_s: Seconds | None = None
     compute_s: Seconds | None = None
     samples: Int4 | None = None
+    forward_s: Seconds | None = None
+    """From the batch's arrival to the start of backward (forward pass and loss): the rank's own
+    work, before data-parallel training's gradient all-reduce can make it wait for other ranks.
+    The straggler rule compares it across ranks, where step times are all alike. ``None`` where
+    the integration cannot see backward start."""
 
 
 @dataclass(kw_only=True)

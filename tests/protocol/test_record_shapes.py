@@ -119,6 +119,8 @@ OTHER_TABLES: dict[str, str] = {
     "job_summaries": "computed by the collector when a job ends",
     "ingest_batches": "one row per batch envelope (source, seq), for idempotence",
     "profile_requests": "on-demand profile requests made through the API",
+    "findings": "what the health rules noticed about running jobs (collector/findings.py)",
+    "alert_outbox": "alerts to send for findings, written with them (collector/alerts.py)",
 }
 
 # Fields stored in a column of another type: their values are converted on the way in.
