@@ -10,14 +10,17 @@ from contextlib import asynccontextmanager
 from fastapi import Depends, FastAPI
 from starlette.types import Receive, Scope, Send
 
-from jobsight.collector import compaction
+from jobsight.collector import alerts, compaction
+from jobsight.collector.alert_settings import AlertSettings, load_alert_settings
 from jobsight.collector.auth import Authenticator, ensure_admin_token, load_cluster_secret
 from jobsight.collector.db import autocommit_connection, open_pool
 from jobsight.collector.errors import install_error_handlers
+from jobsight.collector.findings import Evaluator
+from jobsight.collector.health_settings import HealthSettings, load_health_settings
 from jobsight.collector.migrate import schema_is_current
 from jobsight.collector.params import refuse_nul
 from jobsight.collector.partitions import PartitionKeeper
-from jobsight.collector.routes import health, ingest, jobs, profiles, summaries
+from jobsight.collector.routes import findings, health, ingest, jobs, profiles, summaries
 from jobsight.collector.settings import CollectorSettings, SettingsError, load_collector_settings
 from jobsight.collector.telemetry import CollectorMetrics
 from jobsight.collector.tier_settings import TierSettings, load_tier_settings
@@ -53,6 +56,21 @@ def _compact(app: FastAPI, stop: threading.Event) -> None:
             log.exception("compaction pass failed")
 
 
+def _start_health(app: FastAPI, database_url: str, stop: threading.Event) -> None:
+    """The health evaluator (one process of the collector's leads; see collector/findings.py) and
+    the alert sender (every process; rows are claimed with SKIP LOCKED)."""
+    health_settings: HealthSettings = app.state.health_settings
+    alert_settings: AlertSettings = app.state.alert_settings
+    if health_settings.interval_s > 0:
+        evaluator = Evaluator(
+            database_url, health_settings,
+            lambda conn, finding, event, job: alerts.enqueue(conn, alert_settings, finding, event, job),
+        )
+        threading.Thread(target=evaluator.run, args=(stop,), name="jobsight-health", daemon=True).start()
+    sender = alerts.AlertSender(app.state.pool, alert_settings, app.state.settings.dashboard_url)
+    threading.Thread(target=sender.run, args=(stop,), name="jobsight-alerts", daemon=True).start()
+
+
 class CollectorApp(FastAPI):
     """The collector's app: a plain ``POST /v1/ingest`` goes straight to
     :func:`~jobsight.collector.routes.ingest.serve_ingest`, past FastAPI's layers (see there
@@ -84,6 +102,7 @@ def create_app(settings: CollectorSettings | None = None) -> FastAPI:
         worker.start()
         if app.state.tier_settings.compact_interval_s > 0:
             threading.Thread(target=_compact, args=(app, stop), name="jobsight-compaction", daemon=True).start()
+        _start_health(app, database_url, stop)
         try:
             yield
         finally:
@@ -96,6 +115,8 @@ def create_app(settings: CollectorSettings | None = None) -> FastAPI:
     )
     app.state.settings = settings
     app.state.tier_settings = load_tier_settings()
+    app.state.health_settings = load_health_settings()
+    app.state.alert_settings = load_alert_settings()
     app.state.metrics = CollectorMetrics()
     app.state.partitions = PartitionKeeper()
     # A group- or world-readable secret stops the start here (RuntimeError naming the file).
@@ -107,4 +128,5 @@ def create_app(settings: CollectorSettings | None = None) -> FastAPI:
     app.include_router(jobs.router)
     app.include_router(profiles.router)
     app.include_router(summaries.router)
+    app.include_router(findings.router)
     return app

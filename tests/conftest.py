@@ -105,8 +105,10 @@ def client(database_url: str, data_dir: Path, admin_token: str) -> Iterator[Any]
 class LiveCollector:
     """``jobsight collector`` as a real process on a fixed port, to stop, kill and restart."""
 
-    def __init__(self, database_url: str, data_dir: Path, token: str, log_path: Path):
+    def __init__(self, database_url: str, data_dir: Path, token: str, log_path: Path,
+                 env: dict[str, str] | None = None):
         self.database_url = database_url
+        self.env = env or {}
         self.data_dir = data_dir
         self.token = token
         self.port = free_port()
@@ -120,6 +122,7 @@ class LiveCollector:
             "JOBSIGHT_DATABASE_URL": self.database_url,
             "JOBSIGHT_DATA_DIR": str(self.data_dir),
             "JOBSIGHT_PORT": str(self.port),
+            **self.env,
         }
         log = open(self.log_path, "ab")
         self.process = subprocess.Popen(

@@ -122,7 +122,9 @@ class JobsightCallback(Callback):
             self._telemetry.run.profiling.begin(self._telemetry.batches)
 
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-        self._telemetry.close(f"{stage} finished", f"{stage}_end")
+        # ``stage`` is a str enum whose str() is "TrainerFn.FITTING" in some Lightning versions.
+        name = str(getattr(stage, "value", stage))
+        self._telemetry.close(f"{name} finished", f"{name}_end")
 
     @_quiet
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:

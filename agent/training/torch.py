@@ -58,6 +58,8 @@ def finish(flush_timeout_s: float = 2.0) -> None:
     global _run
     run, _run = _run, None
     if run is not None:
+        # The health rules read this as "this rank is done", not hung.
+        run.recorder.event("run finished", event="run_end")
         run.close(flush_timeout_s)
 
 

@@ -1,0 +1,262 @@
+"""Live health rules: what a running job's stored telemetry says is wrong with it, as findings.
+
+Standard library only, beside :mod:`jobsight.protocol.diagnosis` (whose straggler rule this
+applies live): the collector's evaluator (``collector/findings.py``) reads per-rank step sums and
+per-GPU windows from its rollups into the shapes below and calls :func:`evaluate`; the page, the
+API and the report show what it stored. A rule gives at most one :class:`Finding` per subject,
+with the numbers it rests on in ``evidence``.
+
+Rules and what they read:
+
+* ``hung_rank``: a rank has made no step for ``hung_factor`` × its own median step time, and at
+  least ``hung_min_s``, while the job still runs. When every rank has stopped, one finding for
+  the whole job ("looks hung") instead of one per rank.
+* ``straggler``: over the recent window, one rank's own work per step (data wait + forward, the
+  part no collective waits in) is well above the other ranks' (``diagnosis.stragglers``); where
+  the integration does not measure forward time, the step time itself.
+* ``idle_allocation``: GPUs of the job under ``idle_util`` % for ``idle_min_s`` or longer.
+* ``low_utilisation``: the job's mean GPU utilisation under ``low_util`` % over ``low_util_window_s``.
+* ``memory_unused``: at the end, no GPU of the job used ``memory_unused_share`` of its memory.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from jobsight.protocol.diagnosis import Thresholds, stragglers
+
+RULES = ("hung_rank", "straggler", "idle_allocation", "low_utilisation", "memory_unused")
+SEVERITIES = ("info", "warning", "critical")
+
+
+@dataclass(frozen=True)
+class HealthThresholds:
+    hung_factor: float = 10.0
+    hung_min_s: float = 120.0
+    straggler_window_s: float = 600.0
+    straggler_ratio: float = 1.25
+    straggler_min_s: float = 0.002
+    straggler_min_steps: int = 5
+    idle_util: float = 5.0
+    idle_min_s: float = 1800.0
+    low_util: float = 30.0
+    low_util_window_s: float = 3600.0
+    memory_unused_share: float = 0.10
+    sample_stale_s: float = 300.0
+    """A GPU whose latest sample is older than this is not judged idle (no longer sampled)."""
+
+
+@dataclass(frozen=True)
+class RankSteps:
+    """One rank's training steps as the evaluator sees them."""
+
+    rank: int
+    last_step_at: float
+    """Seconds since the epoch of its latest step."""
+    median_step_s: float
+    """Its usual step time: the median of its recent per-minute mean step times."""
+    window_steps: int = 0
+    """Steps in the straggler window."""
+    window_step_s: float | None = None
+    """Mean step time over the window."""
+    window_own_s: float | None = None
+    """Mean data wait + forward time over the window, when every step of it measured forward."""
+
+
+@dataclass(frozen=True)
+class GpuWindow:
+    """One GPU of the job over the evaluator's windows."""
+
+    gpu: str
+    """``node/index`` (``node/index/mig`` for a MIG device)."""
+    node: str | None
+    first_sample_at: float
+    """Seconds since the epoch of the GPU's first sample in the job (or window) read."""
+    last_sample_at: float
+    idle_max_util: float | None = None
+    """Highest utilisation over the idle window (``None``: no samples there)."""
+    window_util_sum: float = 0.0
+    window_util_n: int = 0
+    """Utilisation sum and count over the low-utilisation window."""
+    power_mean_w: float | None = None
+    """Mean power over the most recent minutes (evidence for a hang)."""
+    util_mean_recent: float | None = None
+
+
+@dataclass(frozen=True)
+class JobHealthInput:
+    job_id: str
+    now: float
+    running: bool = True
+    ranks: Sequence[RankSteps] = ()
+    gpus: Sequence[GpuWindow] = ()
+    memory_peaks: Mapping[str, tuple[int, int]] = field(default_factory=dict)
+    """Per GPU, over the whole run: (peak bytes used, bytes total); for ``memory_unused``."""
+
+
+@dataclass(frozen=True)
+class Finding:
+    rule: str
+    subject: str
+    """'' for the whole job, ``rank N``, ``gpu node/index``."""
+    severity: str
+    title: str
+    message: str
+    evidence: dict[str, Any]
+    rank: int | None = None
+    node: str | None = None
+    gpu: str | None = None
+    at: float | None = None
+    """The moment in the job's timeline it points at (seconds since the epoch)."""
+
+
+def _minutes(seconds: float) -> str:
+    return f"{seconds / 60:.0f} min" if seconds >= 120 else f"{seconds:.0f} s"
+
+
+def hung_after(rank: RankSteps, t: HealthThresholds) -> float:
+    """How long ``rank`` may go without a step before it is hung."""
+    return max(t.hung_factor * rank.median_step_s, t.hung_min_s)
+
+
+def _gpu_evidence(gpus: Sequence[GpuWindow]) -> dict[str, Any]:
+    utils = [g.util_mean_recent for g in gpus if g.util_mean_recent is not None]
+    powers = [g.power_mean_w for g in gpus if g.power_mean_w is not None]
+    return {
+        "gpu_util_recent": round(statistics.fmean(utils), 1) if utils else None,
+        "gpu_power_recent_w": round(statistics.fmean(powers), 1) if powers else None,
+    }
+
+
+def hung(job: JobHealthInput, t: HealthThresholds) -> list[Finding]:
+    if not job.running or not job.ranks:
+        return []
+    silent = {r.rank: job.now - r.last_step_at for r in job.ranks}
+    stopped = [r for r in job.ranks if silent[r.rank] > hung_after(r, t)]
+    if not stopped:
+        return []
+    per_rank = {
+        str(r.rank): {"last_step_at": r.last_step_at, "silent_s": round(silent[r.rank], 1),
+                      "median_step_s": round(r.median_step_s, 6)}
+        for r in job.ranks
+    }
+    evidence = {"ranks": per_rank, **_gpu_evidence(job.gpus)}
+    if len(stopped) == len(job.ranks):
+        first = min(job.ranks, key=lambda r: (r.last_step_at, r.rank))
+        longest = max(silent.values())
+        return [Finding(
+            "hung_rank", "", "critical", "Job looks hung",
+            f"No rank has made a step for {_minutes(min(silent.values()))} (rank {first.rank} stopped first, "
+            f"{_minutes(longest)} ago), against a usual step of {first.median_step_s:.2f} s, while the job is "
+            "still running: a collective that never completes (an NCCL hang) or a stuck rank holds the whole "
+            "allocation. Check rank " f"{first.rank}'s stack (py-spy dump) before the time limit burns it.",
+            evidence, at=first.last_step_at,
+        )]
+    out = []
+    for r in stopped:
+        out.append(Finding(
+            "hung_rank", f"rank {r.rank}", "critical", f"Rank {r.rank} has stopped stepping",
+            f"Rank {r.rank} has made no step for {_minutes(silent[r.rank])}, {silent[r.rank] / r.median_step_s:.0f}× "
+            f"its usual {r.median_step_s:.2f} s, while the other ranks go on.",
+            {**evidence, "rank": r.rank, "silent_s": round(silent[r.rank], 1),
+             "median_step_s": round(r.median_step_s, 6), "threshold_s": round(hung_after(r, t), 1)},
+            rank=r.rank, at=r.last_step_at,
+        ))
+    return out
+
+
+def straggler(job: JobHealthInput, t: HealthThresholds) -> list[Finding]:
+    ranks = [r for r in job.ranks if r.window_steps >= t.straggler_min_steps and r.window_step_s is not None]
+    if not job.running or len(ranks) < 2:
+        return []
+    own = all(r.window_own_s is not None for r in ranks)
+    values = {r.rank: (r.window_own_s if own else r.window_step_s) or 0.0 for r in ranks}
+    slow = stragglers(values, Thresholds(straggler_ratio=t.straggler_ratio, straggler_min_s=t.straggler_min_s))
+    if not slow:
+        return []
+    rank = slow[0]
+    typical = statistics.median(values.values())
+    quantity = "own work per step (data wait + forward)" if own else "step time"
+    steps = {str(r.rank): round(r.window_step_s or 0.0, 6) for r in ranks}
+    return [Finding(
+        "straggler", f"rank {rank}", "warning", f"Rank {rank} is a straggler",
+        f"Over the last {_minutes(t.straggler_window_s)}, rank {rank}'s {quantity} is {values[rank] * 1000:.1f} ms "
+        f"against {typical * 1000:.1f} ms across ranks ({values[rank] / typical:.2f}×)"
+        + ("; the other ranks spend the difference waiting for it in the gradient all-reduce, so every step "
+           "runs at its pace. " if own else ". ")
+        + "Check its node, GPU clocks and data shard.",
+        {"rank": rank, "compared": "data_wait_s + forward_s" if own else "duration_s",
+         "by_rank_s": {str(k): round(v, 6) for k, v in values.items()}, "ranks_median_s": round(typical, 6),
+         "ratio": round(values[rank] / typical, 3), "step_s_by_rank": steps, "stragglers": slow,
+         "window_s": t.straggler_window_s},
+        rank=rank,
+    )]
+
+
+def idle_allocation(job: JobHealthInput, t: HealthThresholds) -> list[Finding]:
+    if not job.running:
+        return []
+    idle = [
+        g for g in job.gpus
+        if g.idle_max_util is not None and g.idle_max_util < t.idle_util
+        and job.now - g.first_sample_at >= t.idle_min_s and job.now - g.last_sample_at <= t.sample_stale_s
+    ]
+    if not idle:
+        return []
+    names = sorted(g.gpu for g in idle)
+    return [Finding(
+        "idle_allocation", "", "warning", f"{len(idle)} of {len(job.gpus)} GPUs idle",
+        f"{', '.join(names[:8])}{' …' if len(names) > 8 else ''} stayed under {t.idle_util:g} % utilisation for "
+        f"the last {_minutes(t.idle_min_s)} or more: allocated and unused. Check that the code runs on them, "
+        "or release them.",
+        {"idle_gpus": names, "gpus": len(job.gpus), "max_util": {g.gpu: g.idle_max_util for g in idle},
+         "threshold_util": t.idle_util, "window_s": t.idle_min_s},
+        node=idle[0].node if len({g.node for g in idle}) == 1 else None,
+        gpu=names[0] if len(names) == 1 else None,
+    )]
+
+
+def low_utilisation(job: JobHealthInput, t: HealthThresholds) -> list[Finding]:
+    covered = [g for g in job.gpus if g.window_util_n and job.now - g.first_sample_at >= t.low_util_window_s]
+    if not job.running or not covered:
+        return []
+    total = sum(g.window_util_sum for g in covered)
+    count = sum(g.window_util_n for g in covered)
+    mean = total / count
+    if mean >= t.low_util:
+        return []
+    return [Finding(
+        "low_utilisation", "", "warning", "Low GPU utilisation",
+        f"The job's {len(covered)} GPUs averaged {mean:.1f} % utilisation over the last "
+        f"{_minutes(t.low_util_window_s)} (under {t.low_util:g} %). Input loading, small batches or waiting on "
+        "other ranks are the usual causes; the profile window and the diagnosis say which.",
+        {"mean_util": round(mean, 2), "gpus": len(covered), "samples": count, "threshold_util": t.low_util,
+         "window_s": t.low_util_window_s},
+    )]
+
+
+def memory_unused(job: JobHealthInput, t: HealthThresholds) -> list[Finding]:
+    peaks = {gpu: used / total for gpu, (used, total) in job.memory_peaks.items() if total}
+    if job.running or not peaks or max(peaks.values()) >= t.memory_unused_share:
+        return []
+    top = max(peaks.values())
+    return [Finding(
+        "memory_unused", "", "info", "GPU memory unused",
+        f"No GPU of the job used more than {100 * top:.1f} % of its memory over the whole run: a GPU with less "
+        "memory (or a MIG slice), or several such jobs per GPU, would have done.",
+        {"peak_share_by_gpu": {g: round(s, 4) for g, s in sorted(peaks.items())}, "threshold": t.memory_unused_share},
+    )]
+
+
+def evaluate(job: JobHealthInput, t: HealthThresholds, rules: Iterable[str] = RULES) -> list[Finding]:
+    """Every finding the named rules give for ``job``."""
+    chosen = set(rules)
+    out: list[Finding] = []
+    for name, rule in (("hung_rank", hung), ("straggler", straggler), ("idle_allocation", idle_allocation),
+                       ("low_utilisation", low_utilisation), ("memory_unused", memory_unused)):
+        if name in chosen:
+            out.extend(rule(job, t))
+    return out
