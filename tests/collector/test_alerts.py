@@ -10,12 +10,9 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import signal
-import subprocess
-import sys
 import threading
 import time
+import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -31,6 +28,9 @@ from jobsight.collector.alert_settings import AlertSettings, load_alert_settings
 from jobsight.collector.alerts import AlertSender, enqueue
 from jobsight.collector.embedded_db import free_port
 from jobsight.collector.settings import SettingsError
+from jobsight.protocol.wire import now_us
+from tests.collector.helpers import gz
+from tests.conftest import LiveCollector
 
 REPO = Path(__file__).resolve().parents[2]
 SECRET_PATH = "hook-tok3n-s3cret"
@@ -284,38 +284,38 @@ def test_an_alert_is_given_up_after_max_attempts_and_logged_once_without_its_url
         assert SECRET_PATH not in text and str(down_receiver.port) not in text
 
 
-SENDER_SCRIPT = """
-import logging, os, signal, threading
-from jobsight.collector.alert_messages import redact
-from jobsight.collector.alert_settings import load_alert_settings
-from jobsight.collector.alerts import AlertSender
-from jobsight.collector.db import open_pool
-logging.basicConfig(level=logging.DEBUG)
-pool = open_pool(os.environ["JOBSIGHT_DATABASE_URL"], 2)
-stop = threading.Event()
-signal.signal(signal.SIGTERM, lambda *_: stop.set())
-AlertSender(pool, load_alert_settings()).run(stop)
-"""
-
-
-def wait_for(condition: Callable[[], bool], what: str, process: subprocess.Popen[bytes], log: Path) -> None:
+def wait_for(condition: Callable[[], bool], what: str, live: LiveCollector) -> None:
     deadline = time.monotonic() + 90
     while not condition():
-        if process.poll() is not None:
-            raise AssertionError(f"sender exited: {log.read_text()[-2000:]}")
+        if live.process is not None and live.process.poll() is not None:
+            raise AssertionError(f"collector exited: {live.log_path.read_text()[-2000:]}")
         if time.monotonic() > deadline:
-            raise AssertionError(f"{what} never happened: {log.read_text()[-2000:]}")
+            raise AssertionError(f"{what} never happened: {live.log_path.read_text()[-2000:]}")
         time.sleep(0.1)
 
 
-def test_a_sender_killed_before_sending_sends_after_restart_once(
-    db: psycopg.Connection[Any], database_url: str, job_id: str, down_receiver: Receiver, tmp_path: Path
+def ingest(live: LiveCollector, records: list[dict[str, Any]]) -> None:
+    request = urllib.request.Request(
+        f"{live.url}/v1/ingest", data=gz(records), method="POST",
+        headers={"Content-Encoding": "gzip", "Authorization": f"Bearer {live.token}"},
+    )
+    with urllib.request.urlopen(request, timeout=10) as response:
+        assert response.status == 200
+
+
+def test_a_collector_killed_between_opening_and_sending_sends_after_restart_once(
+    db: psycopg.Connection[Any], database_url: str, data_dir: Path, admin_token: str, job_id: str,
+    down_receiver: Receiver, tmp_path: Path,
 ) -> None:
-    # The sender runs in a process of its own, configured by a JOBSIGHT_CONFIG file as the
-    # collector will be; killed with SIGKILL while its sink is down, then started again.
+    # The real collector, configured by a JOBSIGHT_CONFIG file: its evaluator opens a hung-rank
+    # finding from the steps below and writes the alert with it; the sink is down, so the
+    # collector is killed with SIGKILL holding an unsent alert, then started again.
     sink = sink_name()
     config = tmp_path / "jobsight.toml"
     config.write_text(f"""
+[health]
+interval_s = 0.5
+hung_min_s = 2
 [alerts]
 group_window_s = 0
 poll_interval_s = 0.2
@@ -324,41 +324,39 @@ retry_max_s = 0.5
 [[alerts.sinks]]
 name = "{sink}"
 url = "{down_receiver.url()}"
+partitions = ["{sink}"]
 """)
-    env = {**os.environ, "JOBSIGHT_CONFIG": str(config), "JOBSIGHT_DATABASE_URL": database_url}
-    log = tmp_path / "sender.log"
-    settings = load_alert_settings(sinks=[{"name": sink, "url": down_receiver.url()}])
-    job = add_job(db, job_id)
-    with db.transaction():  # the findings transaction: finding and outbox row committed together
-        finding = open_finding(db, job_id)
-        assert enqueue(db, settings, finding, "opened", job) == 1
-
-    def start() -> subprocess.Popen[bytes]:
-        with open(log, "ab") as out:
-            return subprocess.Popen([sys.executable, "-c", SENDER_SCRIPT], env=env, cwd=REPO, stdout=out,
-                                    stderr=subprocess.STDOUT)
-
-    process = start()
+    # The partition is this test's own: the collector evaluates (and resolves) every job of the
+    # shared database, and only this job's alerts may reach this sink.
+    live = LiveCollector(database_url, data_dir, admin_token, tmp_path / "collector.log",
+                         env={"JOBSIGHT_CONFIG": str(config)})
+    live.start()
     try:
-        wait_for(lambda: outbox(db, job_id)[0]["attempts"] >= 2, "two failed tries", process, log)
-        process.send_signal(signal.SIGKILL)
-        process.wait(timeout=30)
-        assert outbox(db, job_id)[0]["sent_at"] is None
+        t0 = now_us() - 20_000_000
+        ingest(live, [
+            {"kind": "job_started", "job": job_id, "ts": t0, "node": "n1", "user": "alice", "partition": sink},
+            *({"kind": "step", "job": job_id, "ts": t0 + i * 100_000, "node": "n1", "rank": rank, "step": i,
+               "duration_s": 0.1} for rank in (0, 1) for i in range(20)),
+        ])
+        wait_for(lambda: bool(outbox(db, job_id)) and outbox(db, job_id)[0]["attempts"] >= 2, "two failed tries", live)
+        live.kill()
+        assert [row["sent_at"] for row in outbox(db, job_id)] == [None]
         down_receiver.start()
-        process = start()
-        wait_for(lambda: len(down_receiver.posts) >= 1, "the alert", process, log)
-        # A later event shows the restarted sender kept passing over the sent row without sending it.
-        with db.transaction():
-            enqueue(db, settings, resolve_finding(db, finding), "resolved", job)
-        wait_for(lambda: len(down_receiver.posts) >= 2, "the resolve alert", process, log)
+        live.start()
+        wait_for(lambda: len(down_receiver.posts) >= 1, "the alert", live)
+        time.sleep(2)  # several more evaluations and sender passes: nothing is opened or sent again
+        assert len(down_receiver.posts) == 1
+        ingest(live, [{"kind": "job_ended", "job": job_id, "ts": now_us(), "node": "n1", "state": "COMPLETED"}])
+        wait_for(lambda: len(down_receiver.posts) >= 2, "the resolve alert", live)
+        time.sleep(1)
     finally:
-        if process.poll() is None:
-            process.send_signal(signal.SIGTERM)
-            process.wait(timeout=30)
+        live.kill()
     assert [body["message"].split()[0] for _, body in down_receiver.posts] == ["OPENED", "RESOLVED"]
+    opened = down_receiver.posts[0][1]
+    assert "Job looks hung" in opened["title"] and "hung_rank" in opened["message"]
     assert all(row["sent_at"] is not None for row in outbox(db, job_id))
-    text = log.read_text()
-    assert "alert sent to sink" in text and SECRET_PATH not in text and str(down_receiver.port) not in text
+    text = live.log_path.read_text()
+    assert SECRET_PATH not in text and str(down_receiver.port) not in text
 
 
 def test_bad_settings_stop_with_a_message_naming_them_and_never_the_url(receiver: Receiver) -> None:
