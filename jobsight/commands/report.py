@@ -69,7 +69,10 @@ def fetch(settings: AgentSettings, job: str, cluster: str | None) -> tuple[dict[
     base = f"/v1/jobs/{quote(job, safe='')}"
     client = CollectorClient(settings, timeout_s=TIMEOUT_S)
     try:
-        return _get(client, base, query), _get(client, base + "/summary", query)
+        summary = _get(client, base + "/summary", query)
+        # The same findings the job page's banner and GET …/findings show.
+        summary["findings"] = _get(client, base + "/findings", query).get("findings", [])
+        return _get(client, base, query), summary
     finally:
         client.close()
 
@@ -188,6 +191,15 @@ def format_report(job: dict[str, Any], answer: dict[str, Any]) -> str:
         first = steps.get("time_to_first_step_s")
         lines.append(f"  Training: {steps.get('count')} steps at {rate}"
                      + (f"; first step done {first:.1f} s after the job started" if first is not None else ""))
+
+    findings = answer.get("findings") or []
+    if findings:
+        lines += _heading("Health")
+        for finding in findings:
+            when = (f"opened {_time(finding.get('opened_at'))}"
+                    + (f", resolved {_time(finding.get('resolved_at'))}" if finding.get("resolved_at") else ", open"))
+            lines.append(f"  * [{finding.get('severity')}] {finding.get('title')} ({finding.get('rule')}; {when})")
+            lines.append(f"      {finding.get('message')}")
 
     lines += _heading("Notes")
     thresholds = summary.get("thresholds") or {}

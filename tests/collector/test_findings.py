@@ -19,6 +19,7 @@ from psycopg.rows import dict_row
 from jobsight.agent.node.nvml import NvmlSampler
 from jobsight.collector.findings import HealthEvaluator
 from jobsight.collector.health_settings import load_health_settings
+from jobsight.commands.report import format_report
 from tests.collector.helpers import gz, post
 
 FAKE = Path(__file__).resolve().parents[1] / "fake_nvml" / "scenarios"
@@ -172,5 +173,8 @@ def test_findings_api_job_and_cluster_views(client: Any, conn: psycopg.Connectio
     listed = client.get("/v1/findings", params={"state": "open", "rule": "hung_rank"}).json()
     mine = [f for f in listed["findings"] if f["job_id"] == job_id]
     assert mine and mine[0]["user_name"] == "alice" and mine[0]["partition"] == "gpu"
+    # `jobsight report` prints the same findings.
+    text = format_report(client.get(f"/v1/jobs/{job_id}").json(), {"findings": job})
+    assert "Health" in text and "[critical] Job looks hung (hung_rank; opened" in text
     assert client.get("/v1/findings", params={"state": "sideways"}).status_code == 422
     assert client.get("/v1/findings", headers={"Authorization": "Bearer nope"}).status_code == 401
