@@ -55,12 +55,13 @@ def profile_trace(conn: Connection, cluster: str, job_id: str, profile_row_id: i
     return found.trace_gz if found is not None else None
 
 
-def latest_profile_diagnoses(conn: Connection, cluster: str, job_id: str) -> list[dict[str, Any]]:
-    """Per rank, the id, rank, profile id and stored hints (``diagnosis``, ``None`` when the
-    snippet had none) of the job's newest profile."""
+def latest_profiles(conn: Connection, cluster: str, job_id: str) -> list[dict[str, Any]]:
+    """Per rank, the job's newest profile: id, rank, profile id, its stored hints (``diagnosis``,
+    ``None`` when the snippet had none) and its time breakdown (``breakdown``, ``None`` when the
+    summary has none): what the job's diagnosis compares across ranks, without the op lists."""
     return conn.execute(
-        """SELECT DISTINCT ON (rank) id, rank, profile_id, diagnosis FROM profiles
-           WHERE job_id = %s AND cluster = %s ORDER BY rank, ts DESC""",
+        """SELECT DISTINCT ON (rank) id, rank, profile_id, diagnosis, summary -> 'breakdown' AS breakdown
+           FROM profiles WHERE job_id = %s AND cluster = %s ORDER BY rank, ts DESC""",
         (job_id, cluster),
     ).fetchall()
 

@@ -377,7 +377,8 @@ STEPS_FROM_ROWS = """
 SELECT rank, date_bin(make_interval(secs => %(width)s), ts, %(origin)s) AS bucket,
        avg(duration_s) AS duration_s, max(duration_s) AS max_duration_s,
        sum(data_wait_s) / nullif(sum(duration_s), 0) AS data_wait_share,
-       count(*) AS steps, sum(samples) AS samples, max(step) AS last_step, max(epoch) AS epoch
+       count(*) AS steps, sum(samples) AS samples, max(step) AS last_step, max(epoch) AS epoch,
+       CASE WHEN count(forward_s) = count(*) THEN avg(coalesce(data_wait_s, 0) + forward_s) END AS own_s
 FROM steps
 WHERE job_id = %(job)s AND cluster = %(cluster)s AND ts >= %(origin)s AND ts <= %(end)s
   AND coalesce(phase, 'train') = 'train'
@@ -394,7 +395,9 @@ SELECT nullif(rank, {step_rollup.NO_RANK}) AS rank,
        date_bin(make_interval(secs => %(width)s), least(ts + interval '30 seconds', %(end)s), %(origin)s) AS bucket,
        sum(duration_sum) / sum(steps) AS duration_s, max(duration_max) AS max_duration_s,
        sum(data_wait_sum) / nullif(sum(duration_sum), 0) AS data_wait_share,
-       sum(steps) AS steps, sum(samples_sum)::int8 AS samples, max(last_step) AS last_step, max(epoch) AS epoch
+       sum(steps) AS steps, sum(samples_sum)::int8 AS samples, max(last_step) AS last_step, max(epoch) AS epoch,
+       CASE WHEN sum(forward_n) = sum(steps) THEN sum(coalesce(data_wait_sum, 0) + forward_sum) / sum(steps) END
+           AS own_s
 FROM step_minutes
 WHERE job_id = %(job)s AND cluster = %(cluster)s AND ts >= %(origin)s AND ts <= %(end)s
 GROUP BY step_minutes.rank, bucket
@@ -437,10 +440,10 @@ def job_allocations(conn: Connection, cluster: str, job_ids: list[str]) -> dict[
 
 
 def recent_train_steps(conn: Connection, cluster: str, job_id: str, *, limit: int = 5000) -> list[dict[str, Any]]:
-    """The job's latest ``limit`` training steps on every rank (rank, duration, data wait),
+    """The job's latest ``limit`` training steps on every rank (rank, duration, data wait, forward),
     newest first: what the job-wide diagnosis looks at."""
     return conn.execute(
-        """SELECT rank, duration_s, data_wait_s FROM steps
+        """SELECT rank, duration_s, data_wait_s, forward_s FROM steps
            WHERE job_id = %s AND cluster = %s AND coalesce(phase, 'train') = 'train'
            ORDER BY ts DESC LIMIT %s""",
         (job_id, cluster, limit),

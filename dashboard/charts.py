@@ -190,10 +190,14 @@ def heatmap_height(frame: pd.DataFrame) -> int:
 
 def find_stragglers(steps: pd.DataFrame) -> list[int]:
     """Straggler ranks by the one rule of :func:`jobsight.protocol.diagnosis.stragglers`, over each
-    rank's mean step time in the shown range."""
+    rank's mean own work per step (data wait + forward: in synchronous data-parallel training every
+    rank's step time is alike) where every bucket measured it, else its mean step time, in the
+    shown range: what the health rule and ``/diagnosis`` compare."""
     if steps.empty or steps["rank"].nunique() < 2:
         return []
-    weighted = steps.assign(total=steps["duration_s"] * steps["steps"]).groupby("rank")[["total", "steps"]].sum()
+    own = "own_s" in steps and bool(steps["own_s"].notna().all())
+    weighted = steps.assign(total=steps["own_s" if own else "duration_s"] * steps["steps"]).groupby("rank")[
+        ["total", "steps"]].sum()
     per_rank = weighted["total"] / weighted["steps"]
     return sorted(diagnosis.stragglers({int(rank): float(value) for rank, value in per_rank.items()}))
 

@@ -44,7 +44,9 @@ class ProfileOptions:
     record_shapes: bool = True
     profile_memory: bool = True
     with_flops: bool = True
-    with_stack: bool = False
+    with_stack: bool = True
+    """Record Python frames, so the summary names the user's line behind a repeated op (the
+    python-loop hint needs it). The profiler runs only in a window, so outside it they cost nothing."""
     trace_cap_bytes: int = DEFAULT_TRACE_CAP_BYTES
 
     def __post_init__(self) -> None:

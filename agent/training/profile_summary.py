@@ -1,15 +1,21 @@
 """What a profile says: where one rank's time went (compute, communication, memcpy, data
 loading, and idle on a GPU or other host time on CPU) from the Chrome trace events, the top
-ops from the torch profiler, and the CUDA memory facts. Feeds the ``summary`` of a ``profile``
+ops from the torch profiler with the user's lines behind the most called ones, and the CUDA
+memory facts. Feeds the ``summary`` of a ``profile``
 record (:mod:`jobsight.agent.training.profiling`)."""
 
 from __future__ import annotations
 
 import re
+from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any, Final
 
+from jobsight.agent.training.profile_sources import Source, SourceFinder
+
 TOP_OPS: Final = 15
+MOST_CALLED: Final = 5
 
 COMM_PATTERN: Final = re.compile(
     r"nccl|gloo|c10d|all_?reduce|all_?gather|reduce_?scatter|broadcast|barrier|all_?to_?all|send|recv", re.I
@@ -62,7 +68,9 @@ def breakdown(events: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """
     steps = [e for e in events if e.get("ph") == "X" and str(e.get("name", "")).startswith("ProfilerStep#")]
     spans = [(float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0))) for e in steps if "ts" in e]
-    timed = [e for e in events if e.get("ph") == "X" and "ts" in e and e.get("cat") != "Trace"]
+    # Python frames (with_stack) are not ops: they would count as compute and, named after
+    # torch.distributed functions, as communication.
+    timed = [e for e in events if e.get("ph") == "X" and "ts" in e and e.get("cat") not in ("Trace", "python_function")]
     if not spans:
         spans = [(float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0))) for e in timed]
     if not spans:
@@ -154,9 +162,48 @@ def _op_row(avg: Any, steps: int) -> dict[str, Any]:
     }
 
 
+@dataclass
+class OpSources:
+    """Which user lines issued a window's ops: per op name, its calls by line (``None``: no line
+    of the user's, a framework's call, or no stack recorded), and per line the calls made there
+    (one call of ``cross_entropy`` issues several ops)."""
+
+    by_op: dict[str, Counter[Source | None]] = field(default_factory=lambda: defaultdict(Counter))
+    calls: dict[Source, set[int]] = field(default_factory=lambda: defaultdict(set))
+
+    def top(self, op: str, steps: int) -> dict[str, Any] | None:
+        """The user line that issued the most of ``op``'s calls (even when a framework issued more),
+        with its calls per step of the function called there; ``None`` when no user line did."""
+        found = [(count, source) for source, count in self.by_op.get(op, {}).items() if source is not None]
+        if not found:
+            return None
+        _, source = max(found, key=lambda pair: (pair[0], -pair[1].line))
+        return source.as_dict(round(len(self.calls[source]) / max(steps, 1), 1))
+
+
+def op_sources(events: Iterable[Any], finder: SourceFinder | None = None) -> OpSources:
+    """The user lines behind each op of ``events`` (the profiler's ``FunctionEvent`` list)."""
+    finder = finder or SourceFinder()
+    sources = OpSources()
+    for event in events:
+        if event.is_python_function:
+            continue
+        found = finder.source(event)
+        sources.by_op[str(event.key)][found[0] if found else None] += 1
+        if found is not None:
+            sources.calls[found[0]].add(found[1])
+    return sources
+
+
 def summarize(prof: Any, steps: int, top: int = TOP_OPS) -> dict[str, Any]:
-    """Top ops by self CPU and by self device time, with calls, memory, FLOPs and input shapes."""
-    averages = [a for a in prof.key_averages() if not str(a.key).startswith("ProfilerStep#")]
+    """Top ops by self CPU and by self device time, with calls, memory, FLOPs and input shapes;
+    the most called ops with the user's line that issued them (``source``, when stacks were
+    recorded). Python frames (``with_stack``) are not ops and are left out of the rows."""
+    events = prof.events()
+    frames = {str(e.key) for e in events if e.is_python_function}
+    averages = [
+        a for a in prof.key_averages() if not str(a.key).startswith("ProfilerStep#") and str(a.key) not in frames
+    ]
     rows = {str(a.key): _op_row(a, steps) for a in averages}
     shapes: dict[str, list[str]] = {}
     try:
@@ -169,16 +216,28 @@ def summarize(prof: Any, steps: int, top: int = TOP_OPS) -> dict[str, Any]:
         shapes = {}
     for name, row in rows.items():
         row["input_shapes"] = shapes.get(name) or None
+    sources = op_sources(events) if frames else OpSources()
     by_cpu = sorted(rows.values(), key=lambda r: -r["self_cpu_us"])[:top]
     by_device = [r for r in sorted(rows.values(), key=lambda r: -r["self_device_us"]) if r["self_device_us"] > 0][:top]
-    repeated = sorted(rows.values(), key=lambda r: -r["calls_per_step"])[:5]
+    called = [
+        {**{k: r[k] for k in ("name", "calls", "calls_per_step", "self_cpu_us")},
+         "source": sources.top(r["name"], steps)}
+        for r in sorted(rows.values(), key=lambda r: -r["calls_per_step"])
+    ]
+    # The most called ops, and the most called from a line of the user's code (framework
+    # internals can outnumber them): at most 2 × MOST_CALLED rows, so the summary stays small.
+    repeated = called[:MOST_CALLED]
+    sourced = sorted((c for c in called if c["source"]), key=lambda c: -c["source"]["calls_per_step"])
+    named = {c["name"] for c in repeated}
+    repeated += [c for c in sourced[:MOST_CALLED] if c["name"] not in named]
     total_cpu = sum(r["self_cpu_us"] for r in rows.values())
     total_device = sum(r["self_device_us"] for r in rows.values())
     return {
         "steps": steps,
         "ops_by_self_cpu": by_cpu,
         "ops_by_self_device": by_device,
-        "most_called": [{k: r[k] for k in ("name", "calls", "calls_per_step", "self_cpu_us")} for r in repeated],
+        "most_called": repeated,
+        "stacks": bool(frames),
         "self_cpu_total_us": round(total_cpu, 1),
         "self_device_total_us": round(total_device, 1),
     }

@@ -1,16 +1,19 @@
 """Profiling windows over training steps, framework-neutral.
 
 A :class:`ProfileWindow` runs the torch profiler over a step schedule
-(skip_first, wait, warmup, active, repeat); each active cycle becomes one
-``profile`` record: a compact summary (top ops, a time breakdown, step times), the
-diagnosis of :mod:`jobsight.protocol.diagnosis`, and the Chrome/Kineto trace gzipped under a
-size cap. :class:`StepProfiling` is what callbacks drive: the configured window on
-chosen ranks plus on-demand requests from :mod:`jobsight.agent.training.directives`. When neither is
-active its ``after_step`` reads one attribute and returns.
+(skip_first, wait, warmup, active, repeat); each active cycle becomes one ``profile``
+record: a compact summary (top ops, the user's source lines behind the most called ones, a
+time breakdown, step times), the diagnosis of :mod:`jobsight.protocol.diagnosis`, and the
+Chrome/Kineto trace gzipped under a size cap. :class:`StepProfiling` is what callbacks drive:
+the configured window on chosen ranks plus on-demand requests from
+:mod:`jobsight.agent.training.directives`. When neither is active its ``after_step`` reads one
+attribute and returns.
 
-The schedule and options are :mod:`jobsight.agent.training.profile_schedule`; the summary's content
-(breakdown, top ops, memory) is :mod:`jobsight.agent.training.profile_summary`. torch is imported only
-when a window starts: ``agent`` imports without it.
+The schedule and options are :mod:`jobsight.agent.training.profile_schedule` (``with_stack``
+on: Python frames are recorded in the window only); the summary's content (breakdown, top
+ops, memory) is :mod:`jobsight.agent.training.profile_summary`, its source lines
+:mod:`jobsight.agent.training.profile_sources`. torch is imported only when a window starts:
+``agent`` imports without it.
 """
 
 from __future__ import annotations
@@ -186,6 +189,7 @@ class ProfileWindow:
         summary.update(self.extra)
         summary["breakdown"] = times
         summary["device"] = "cuda" if times.get("basis") == "device" else "cpu"
+        summary["world_size"] = _world_size()
         memory = memory_facts()
         if memory is not None:
             summary["memory"] = memory
@@ -204,6 +208,14 @@ class ProfileWindow:
             "trace_gz_b64": trace_b64,
             "note": note,
         }
+
+
+def _world_size() -> int | None:
+    """The process group's size; ``None`` outside torch.distributed (one rank's profile of a
+    distributed run is read differently: waiting in collectives may be waiting for a slow rank)."""
+    import torch.distributed as dist
+
+    return int(dist.get_world_size()) if dist.is_available() and dist.is_initialized() else None
 
 
 # -- what callbacks drive ------------------------------------------------------------------------

@@ -23,7 +23,7 @@ from jobsight.collector.errors import NotFound
 from jobsight.collector.job_access import AuthorizedJob, ReadableJob, ResolvedCluster
 from jobsight.collector.params import INT4_MAX, CleanStr, ProfileRowId, RequestId
 from jobsight.collector.traces import inflated_chunks, inflated_size
-from jobsight.protocol.diagnosis import diagnose
+from jobsight.protocol.diagnosis import ACROSS_RANKS, diagnose
 
 router = APIRouter(tags=["profiles"])
 
@@ -150,13 +150,19 @@ def download_trace(
 @router.get("/v1/jobs/{job_id}/diagnosis")
 def job_diagnosis(job: ReadableJob, pool: Pool) -> dict[str, Any]:
     """Hints over the whole job: its recent steps on every rank (input-bound, straggler), its GPU
-    samples (idle GPU, memory) and the hints stored with its latest profile of each rank."""
+    samples (idle GPU, memory), the latest profile of each rank compared across ranks (straggler or
+    communication-bound) and the hints stored with those profiles."""
     with unit_of_work(pool) as conn:
         steps = queries.recent_train_steps(conn, job.cluster, job.job_id)
         samples = queries.recent_gpu_samples(conn, job.cluster, job.job_id)
-        latest = profile_queries.latest_profile_diagnoses(conn, job.cluster, job.job_id)
-    hints = diagnose(steps=steps, gpu_samples=samples)
-    seen = {hint["rule"] for hint in hints}
+        latest = profile_queries.latest_profiles(conn, job.cluster, job.job_id)
+    by_rank = {
+        row["rank"]: {"breakdown": row["breakdown"]}
+        for row in latest if isinstance(row["rank"], int) and isinstance(row["breakdown"], dict)
+    }
+    hints = diagnose(steps=steps, gpu_samples=samples, rank_profiles=by_rank)
+    # With several ranks compared, one rank's own verdict on those rules is not the job's.
+    seen = {hint["rule"] for hint in hints} | (set(ACROSS_RANKS) if len(by_rank) > 1 else set())
     for row in latest:
         # Rows stored before ingest checked the diagnosis's shape may hold anything: only a
         # list of objects naming their rule is hints; anything else is skipped, not a 500.
@@ -167,5 +173,6 @@ def job_diagnosis(job: ReadableJob, pool: Pool) -> dict[str, Any]:
                 seen.add(rule)
                 hints.append({**hint, "source": {"profile": row["id"], "rank": row["rank"]}})
     return {
-        "job_id": job.job_id, "hints": hints, "steps_considered": len(steps), "gpu_samples_considered": len(samples)
+        "job_id": job.job_id, "hints": hints, "steps_considered": len(steps), "gpu_samples_considered": len(samples),
+        "profiles_considered": len(by_rank),
     }

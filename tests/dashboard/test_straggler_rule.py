@@ -46,3 +46,20 @@ def test_thresholds_are_the_rule_s_own() -> None:
     just_over = {0: 1.0, 1: 1.0, 2: 1.0, 3: ratio + 0.01}
     just_under = {0: 1.0, 1: 1.0, 2: 1.0, 3: ratio - 0.01}
     assert stragglers(just_over) == [3] and stragglers(just_under) == []
+
+
+def test_in_synchronous_training_all_three_compare_own_work() -> None:
+    """Every rank's step takes 0.5 s (the fast ones wait in the all-reduce); rank 2's data wait +
+    forward is twice the others'. The page, ``/diagnosis`` and the live health rule name rank 2."""
+    from jobsight.protocol.health import HealthThresholds, JobHealthInput, RankSteps, evaluate
+
+    own = {0: 0.20, 1: 0.21, 2: 0.42}
+    buckets = pd.DataFrame([{"rank": r, "bucket": b, "duration_s": 0.5, "own_s": v, "steps": 10}
+                            for r, v in own.items() for b in range(3)])
+    assert find_stragglers(buckets) == [2]
+    assert find_stragglers(buckets.drop(columns="own_s")) == []  # step times alone name nobody
+    steps = [{"rank": r, "duration_s": 0.5, "data_wait_s": 0.0, "forward_s": v} for r, v in own.items()
+             for _ in range(20)]
+    assert diagnose(steps=steps)[0]["evidence"]["stragglers"] == [2]
+    ranks = [RankSteps(r, 1e9, 0.5, 100, 0.5, v) for r, v in own.items()]
+    assert [f.rank for f in evaluate(JobHealthInput("j", 1e9, True, ranks), HealthThresholds())] == [2]
