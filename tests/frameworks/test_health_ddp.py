@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
 import time
 import urllib.error
 from collections.abc import Iterator
@@ -19,41 +17,9 @@ import pytest
 
 pytest.importorskip("lightning.pytorch")
 
-from jobsight.collector.embedded_db import free_port  # noqa: E402
 from tests.conftest import LiveCollector  # noqa: E402
+from tests.frameworks.lightning_ddp_run import finish_lightning_ddp, start_lightning_ddp  # noqa: E402
 from tests.frameworks.support import api, wait_for  # noqa: E402
-
-REPO = Path(__file__).resolve().parents[2]
-
-# SLOW_RANK sleeps SLOW_S in every training step; from step HANG_AT on it sleeps an hour.
-WORKER = r'''
-import os, time
-import torch, lightning.pytorch as pl
-from jobsight.agent.training.lightning import JobsightCallback
-
-SLOW_RANK, SLOW_S = int(os.environ["SLOW_RANK"]), float(os.environ["SLOW_S"])
-HANG_AT, STEPS = int(os.environ["HANG_AT"]), int(os.environ["STEPS"])
-
-class Model(pl.LightningModule):
-    def __init__(self):
-        super().__init__()
-        self.layer = torch.nn.Linear(64, 64)
-
-    def training_step(self, batch, batch_idx):
-        if self.global_rank == SLOW_RANK:
-            time.sleep(3600 if 0 <= HANG_AT <= batch_idx else SLOW_S)
-        return self.layer(batch[0]).pow(2).mean()
-
-    def configure_optimizers(self):
-        return torch.optim.SGD(self.parameters(), lr=0.01)
-
-if __name__ == "__main__":
-    data = torch.utils.data.TensorDataset(torch.randn(16 * STEPS, 64))
-    trainer = pl.Trainer(accelerator="cpu", devices=2, strategy="ddp", max_epochs=1, logger=False,
-                         enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False,
-                         callbacks=[JobsightCallback()])
-    trainer.fit(Model(), torch.utils.data.DataLoader(data, batch_size=8))
-'''
 
 HEALTH_ENV = {
     "JOBSIGHT_HEALTH_INTERVAL_S": "1", "JOBSIGHT_HEALTH_HUNG_MIN_S": "4", "JOBSIGHT_HEALTH_HUNG_FACTOR": "10",
@@ -69,30 +35,6 @@ def health_collector(database_url: str, data_dir: Path, admin_token: str, tmp_pa
     collector.kill()
 
 
-def start_run(live: LiveCollector, job_id: str, tmp_path: Path, **knobs: Any) -> subprocess.Popen[bytes]:
-    script = tmp_path / "health_worker.py"
-    script.write_text(WORKER)
-    env = {
-        **os.environ, "JOBSIGHT_URL": live.url, "JOBSIGHT_TOKEN": live.token, "JOBSIGHT_JOB_ID": job_id,
-        "JOBSIGHT_SPOOL_DIR": str(tmp_path / "spool"), "JOBSIGHT_BATCH_AGE_S": "0.1", "PYTHONPATH": str(REPO),
-        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()),
-        **{k: str(v) for k, v in {"SLOW_RANK": 1, "SLOW_S": 0.0, "HANG_AT": -1, "STEPS": 40, **knobs}.items()},
-    }
-    log = open(tmp_path / "run.log", "wb")
-    return subprocess.Popen([sys.executable, str(script)], env=env, cwd=tmp_path, stdout=log,
-                            stderr=subprocess.STDOUT, start_new_session=True)
-
-
-def finish(run: subprocess.Popen[bytes], tmp_path: Path, timeout: float = 180) -> None:
-    try:
-        code = run.wait(timeout=timeout)
-    finally:
-        if run.poll() is None:
-            os.killpg(run.pid, signal.SIGKILL)
-            run.wait()
-    assert code == 0, (tmp_path / "run.log").read_text()[-3000:]
-
-
 def findings(live: LiveCollector, job_id: str) -> list[dict[str, Any]]:
     """The job's findings; none while the collector has not seen the job yet (404)."""
     try:
@@ -105,7 +47,8 @@ def findings(live: LiveCollector, job_id: str) -> list[dict[str, Any]]:
 
 def test_a_rank_asleep_in_a_step_is_reported_hung(health_collector: LiveCollector, job_id: str,
                                                    tmp_path: Path) -> None:
-    run = start_run(health_collector, job_id, tmp_path, HANG_AT=20, STEPS=200)
+    run = start_lightning_ddp(health_collector, job_id, tmp_path, extra_s=0.0, hang_at=20, steps=200,
+                              profile=False)
     try:
         hung = wait_for(lambda: [f for f in findings(health_collector, job_id) if f["rule"] == "hung_rank"],
                         timeout=150, interval=1.0)
@@ -125,10 +68,10 @@ def test_a_rank_asleep_in_a_step_is_reported_hung(health_collector: LiveCollecto
 
 
 def test_a_slowed_rank_is_reported_a_straggler(health_collector: LiveCollector, job_id: str, tmp_path: Path) -> None:
-    run = start_run(health_collector, job_id, tmp_path, SLOW_S=0.05, STEPS=120)
+    run = start_lightning_ddp(health_collector, job_id, tmp_path, extra_s=0.05, steps=120, profile=False)
     straggler = wait_for(lambda: [f for f in findings(health_collector, job_id) if f["rule"] == "straggler"],
                          timeout=150, interval=1.0)
-    finish(run, tmp_path)
+    finish_lightning_ddp(run, tmp_path)
     evidence = straggler[0]["evidence"]
     assert straggler[0]["rank"] == 1 and straggler[0]["subject"] == "rank 1"
     # Compared on the work outside the all-reduce: rank 1's forward holds the 50 ms sleep.
@@ -145,8 +88,8 @@ def test_a_slowed_rank_is_reported_a_straggler(health_collector: LiveCollector, 
 
 
 def test_a_healthy_run_has_no_finding(health_collector: LiveCollector, job_id: str, tmp_path: Path) -> None:
-    run = start_run(health_collector, job_id, tmp_path, STEPS=60)
-    finish(run, tmp_path)
+    run = start_lightning_ddp(health_collector, job_id, tmp_path, extra_s=0.0, steps=60, profile=False)
+    finish_lightning_ddp(run, tmp_path)
     # The job stays "running" until its end is reported (Slurm's epilog): its ranks, done after
     # their last step, are not called hung however long the evaluator looks.
     assert api(health_collector, f"/v1/jobs/{job_id}")["state"] == "running"
