@@ -20,7 +20,7 @@ from jobsight.collector.health_settings import HealthSettings, load_health_setti
 from jobsight.collector.migrate import schema_is_current
 from jobsight.collector.params import refuse_nul
 from jobsight.collector.partitions import PartitionKeeper
-from jobsight.collector.routes import findings, health, ingest, jobs, profiles, summaries
+from jobsight.collector.routes import epochs, findings, health, ingest, jobs, profiles, summaries
 from jobsight.collector.settings import CollectorSettings, SettingsError, load_collector_settings
 from jobsight.collector.telemetry import CollectorMetrics
 from jobsight.collector.tier_settings import TierSettings, load_tier_settings
@@ -129,4 +129,5 @@ def create_app(settings: CollectorSettings | None = None) -> FastAPI:
     app.include_router(profiles.router)
     app.include_router(summaries.router)
     app.include_router(findings.router)
+    app.include_router(epochs.router)
     return app

@@ -4,8 +4,10 @@ A job's GPU-hours in a period are its allocated GPUs times the overlap of its ru
 the period, so a job that straddles the period's edge counts only its inside part; a
 running job runs until ``now``. Allocated GPUs are the job's ``node:index`` list from the
 prolog, or the summary's GPU count when no prolog reported. Energy comes from job
-summaries (computed at job end) and is pro-rated by the same overlap; running jobs have
-no summary yet and so no energy.
+summaries (computed at job end) and is pro-rated by the same overlap; a running job has no
+summary yet, so its energy so far is read from the hourly rollup
+(:mod:`jobsight.collector.energy_so_far`), and the rows that count one say so
+(``running_jobs``): their energy is still growing.
 """
 
 from __future__ import annotations
@@ -14,26 +16,34 @@ import datetime as dt
 from typing import Any, Literal
 
 from jobsight.collector.db import Connection
+from jobsight.collector.energy_so_far import energy_kwh_sql
 
 GroupBy = Literal["user_name", "account", "partition"]
 _GROUPS = ("user_name", "account", "partition")
 
 
+# A running job's energy so far: read only for jobs with no summary that have not ended.
+_LIVE_ENERGY = energy_kwh_sql("j.job_id", "j.cluster", only_if="s.job_id IS NULL AND j.end_time IS NULL")
+
+
 def _allocations(cluster: str | None) -> str:
-    """Per job overlapping the period: GPUs, overlap seconds, run seconds; parameters
-    ``start``, ``end``, ``now`` and (when given) ``cluster``."""
+    """Per job overlapping the period: GPUs, overlap seconds, run seconds, whether it is running
+    (its energy so far, still growing); parameters ``start``, ``end``, ``now`` and (when given)
+    ``cluster``."""
     where = "AND j.cluster = %(cluster)s" if cluster is not None else ""
     return f"""
         SELECT j.cluster, j.job_id, j.user_name, j.account, j.partition, j.name, j.state,
                j.start_time, j.end_time,
                coalesce(nullif(cardinality(j.gpus), 0), s.gpu_count, 0) AS gpus,
-               s.mean_util, s.energy_kwh, s.flags,
+               s.mean_util, coalesce(s.energy_kwh, live.energy_kwh) AS energy_kwh, s.flags,
+               s.job_id IS NULL AND j.end_time IS NULL AS running,
                greatest(j.start_time, %(start)s) AS seg_start,
                least(coalesce(j.end_time, %(now)s), %(end)s) AS seg_end,
                extract(epoch FROM least(coalesce(j.end_time, %(now)s), %(end)s)
                                   - greatest(j.start_time, %(start)s)) AS overlap_s,
                extract(epoch FROM coalesce(j.end_time, %(now)s) - j.start_time) AS run_s
         FROM jobs j LEFT JOIN job_summaries s ON s.cluster = j.cluster AND s.job_id = j.job_id
+        LEFT JOIN LATERAL {_LIVE_ENERGY} live ON true
         WHERE j.start_time < %(end)s AND coalesce(j.end_time, %(now)s) > %(start)s {where}"""
 
 
@@ -51,8 +61,10 @@ def gpu_hours_by(
     now: dt.datetime | None = None,
 ) -> list[dict[str, Any]]:
     """Per user, account or partition: jobs, GPU-hours, GPU-hour-weighted mean utilisation
-    (over jobs with a summary), energy in kWh and its share of the period's energy, largest first.
-    A ``None`` group is a job whose prolog never reported that field."""
+    (over jobs with a summary), energy in kWh and its share of the period's energy, largest first,
+    and ``running_jobs``: how many of its jobs still run, whose energy so far is counted (the
+    figure is still growing where this is not 0). A ``None`` group is a job whose prolog never
+    reported that field."""
     if group_by not in _GROUPS:
         raise ValueError(f"cannot group by {group_by!r}")
     return conn.execute(
@@ -61,10 +73,11 @@ def gpu_hours_by(
                               sum(gpus * overlap_s) / 3600.0 AS gpu_hours,
                               sum(gpus * overlap_s * mean_util) / nullif(sum(gpus * overlap_s)
                                   FILTER (WHERE mean_util IS NOT NULL), 0) AS mean_util,
-                              sum(energy_kwh * overlap_s / nullif(run_s, 0)) AS energy_kwh
+                              sum(energy_kwh * overlap_s / nullif(run_s, 0)) AS energy_kwh,
+                              count(*) FILTER (WHERE running) AS running_jobs
                        FROM a GROUP BY {group_by})
             SELECT name, jobs, gpu_hours, mean_util, energy_kwh,
-                   energy_kwh / nullif(sum(energy_kwh) OVER (), 0) AS energy_share
+                   energy_kwh / nullif(sum(energy_kwh) OVER (), 0) AS energy_share, running_jobs
             FROM g ORDER BY gpu_hours DESC NULLS LAST, name""",
         _params(start, end, now, cluster),
     ).fetchall()
@@ -78,17 +91,20 @@ def audit_totals(
     cluster: str | None = None,
     now: dt.datetime | None = None,
 ) -> dict[str, Any]:
-    """The period's jobs, GPU-hours, energy (kWh) and GPU-hour-weighted mean utilisation."""
+    """The period's jobs, GPU-hours, energy (kWh, running jobs' so far) and GPU-hour-weighted mean
+    utilisation, and ``running_jobs`` (the energy is still growing where this is not 0)."""
     row = conn.execute(
         f"""WITH a AS ({_allocations(cluster)})
             SELECT count(*) AS jobs, coalesce(sum(gpus * overlap_s) / 3600.0, 0) AS gpu_hours,
                    coalesce(sum(energy_kwh * overlap_s / nullif(run_s, 0)), 0) AS energy_kwh,
                    sum(gpus * overlap_s * mean_util) / nullif(sum(gpus * overlap_s)
-                       FILTER (WHERE mean_util IS NOT NULL), 0) AS mean_util
+                       FILTER (WHERE mean_util IS NOT NULL), 0) AS mean_util,
+                   count(*) FILTER (WHERE running) AS running_jobs
             FROM a""",
         _params(start, end, now, cluster),
     ).fetchone()
-    return dict(row) if row else {"jobs": 0, "gpu_hours": 0.0, "energy_kwh": 0.0, "mean_util": None}
+    return dict(row) if row else {"jobs": 0, "gpu_hours": 0.0, "energy_kwh": 0.0, "mean_util": None,
+                                  "running_jobs": 0}
 
 
 def underused_allocations(

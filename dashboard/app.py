@@ -1,7 +1,7 @@
 """jobsight dashboard: the entry point ``jobsight up`` runs with ``streamlit run``.
 
 It checks settings and identity once per rerun, then hands over to the page; the audit
-page is registered only for admins.
+and Attention pages are registered only for admins.
 """
 
 from __future__ import annotations
@@ -32,6 +32,8 @@ pages = [
 ]
 if viewer.is_admin:
     pages.append(st.Page(PAGES / "audit.py", title="Audit", icon=":material/fact_check:", url_path="audit"))
+    pages.append(st.Page(PAGES / "attention.py", title="Attention", icon=":material/notification_important:",
+                         url_path="attention"))
 
 with st.sidebar:
     st.caption(f"Signed in as **{viewer.name}**" + (" (admin)" if viewer.is_admin else ""))

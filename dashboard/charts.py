@@ -46,11 +46,12 @@ _TOOLTIP_FORMAT: Final = "%Y-%m-%d %H:%M:%S"
 
 
 def _scale(domain: Domain | None) -> alt.Scale:
-    """A UTC time scale, fixed to the job's run when ``domain`` is given (epoch milliseconds:
-    unambiguous for Vega-Lite); ``None``: fitted to the data."""
+    """A UTC time scale, fixed to the job's run when ``domain`` is given (ISO 8601 in UTC with its
+    ``Z``; epoch milliseconds drew some charts squeezed against the left edge in Chromium, the
+    time labels gone); ``None``: fitted to the data."""
     if domain is None:
         return alt.Scale(type="utc")
-    return alt.Scale(type="utc", domain=[int(domain[0].timestamp() * 1000), int(domain[1].timestamp() * 1000)])
+    return alt.Scale(type="utc", domain=[d.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ") for d in domain])
 
 
 def time_x(domain: Domain | None, field: str = "bucket", *, title: str = TIME_TITLE,

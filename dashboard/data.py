@@ -18,7 +18,7 @@ import pandas as pd
 import streamlit as st
 from psycopg_pool import ConnectionPool
 
-from jobsight.collector import audit_queries, log_queries, profile_queries, queries
+from jobsight.collector import audit_queries, epoch_energy, finding_queries, log_queries, profile_queries, queries
 from jobsight.collector.db import Connection, open_pool, unit_of_work
 from jobsight.dashboard.identity import Viewer
 from jobsight.dashboard.settings import load_dashboard_settings, points_per_series
@@ -377,3 +377,82 @@ def audit(viewer: Viewer, start: dt.datetime, end: dt.datetime, *, cluster: str 
     """Totals, GPU-hours by user/account/partition, idle and low-use jobs, daily trend."""
     _admin_only(viewer)
     return _audit(start, end, cluster, low_util_percent, idle_util_percent)
+
+
+# ---- energy per epoch (takes a JobRef) -------------------------------------------------------
+
+@st.cache_data(ttl=TTL, show_spinner=False)
+def _epochs(cluster: str, job_id: str, running: bool) -> dict[str, Any]:
+    return _read(epoch_energy.job_epochs, cluster, job_id, running=running)
+
+
+def epochs(ref: JobRef, running: bool) -> dict[str, Any]:
+    """Energy per epoch, before the first and after the last, and the job's energy (so far, when
+    ``running``): :func:`jobsight.collector.epoch_energy.job_epochs`."""
+    return _epochs(ref.cluster, ref.job_id, running)
+
+
+# ---- health findings -------------------------------------------------------------------------
+
+@st.cache_data(ttl=TTL, show_spinner=False)
+def _findings(cluster: str, job_id: str) -> list[dict[str, Any]]:
+    return _read(finding_queries.job_findings, cluster, job_id)
+
+
+def findings(ref: JobRef) -> list[dict[str, Any]]:
+    """The job's findings, open first (most severe first), then resolved, newest first."""
+    return _findings(ref.cluster, ref.job_id)
+
+
+@st.cache_data(ttl=TTL, show_spinner=False)
+def _open_by_job(keys: tuple[tuple[str, str], ...]) -> dict[tuple[str, str], list[dict[str, Any]]]:
+    return _read(finding_queries.open_by_job, keys)
+
+
+def open_findings_by_job(viewer: Viewer, jobs: pd.DataFrame) -> dict[tuple[str, str], list[dict[str, Any]]]:
+    """The open findings of each row of ``jobs`` (a frame from :func:`jobs`) that the viewer may see,
+    by (cluster, job_id), most severe first: one query for the whole page."""
+    if jobs.empty:
+        return {}
+    keys = tuple((c, j) for c, j, u in zip(jobs["cluster"], jobs["job_id"], jobs["user_name"], strict=True)
+                 if viewer.may_see({"user_name": u}))
+    return _open_by_job(keys)
+
+
+ATTENTION_LIMIT = 1000
+"""Open findings the Attention view reads at most, the most severe first."""
+
+
+@st.cache_data(ttl=TTL, show_spinner=False)
+def _attention(cluster: str | None, rule: str | None, limit: int) -> tuple[pd.DataFrame, int]:
+    rows, total = _read(finding_queries.list_findings, state="open", cluster=cluster, rule=rule, limit=limit)
+    return _frame(rows, ("id", "cluster", "job_id", "rule", "subject", "rank", "node", "gpu", "severity", "state",
+                         "opened_at", "updated_at", "resolved_at", "at_ts", "title", "message", "evidence",
+                         "user_name", "account", "partition", "job_name", "demo")), total
+
+
+def attention(viewer: Viewer, *, cluster: str | None, rule: str | None = None,
+              limit: int = ATTENTION_LIMIT) -> tuple[pd.DataFrame, int]:
+    """The open findings across the cluster (all clusters: ``None``), most severe first, with their
+    job's user, account and partition; and how many are open in all."""
+    if not viewer.is_admin:
+        raise PermissionError("the Attention view is for admins")
+    return _attention(cluster, rule, limit)
+
+
+@st.cache_data(ttl=TTL, show_spinner=False)
+def _moment(cluster: str, job_id: str, start: dt.datetime, end: dt.datetime,
+            points: int) -> tuple[pd.DataFrame, pd.DataFrame]:
+    def read_both(conn: Connection) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        return (queries.gpu_series(conn, cluster, job_id, start=start, end=end, points=points),
+                queries.step_series(conn, cluster, job_id, start=start, end=end, points=points))
+
+    gpus, steps = _read(read_both)
+    return (_frame(gpus, ("node", "gpu_index", "bucket", "util_gpu", "mem_used", "power_w", "temp_c")),
+            _frame(steps, ("rank", "bucket", "duration_s", "steps", "samples", "last_step")))
+
+
+def moment(ref: JobRef, start: dt.datetime, end: dt.datetime, points: int) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Every GPU's and every rank's series from ``start`` to ``end``, ``points`` buckets each: the
+    window around a finding's moment."""
+    return _moment(ref.cluster, ref.job_id, start, end, points)

@@ -9,8 +9,8 @@ The two lines::
 Records: run metadata at fit start (hyper-parameters, world size, rank, devices,
 precision), one ``step`` per training batch (data wait = time from the previous
 batch's end to this batch's start, which is where Lightning fetches the batch;
-compute = the batch hooks' span, forward = batch start to backward start), logged metrics at the trainer's logging cadence
-and at epoch/validation ends, epoch, validation and checkpoint events, and the
+compute = the batch hooks' span, forward = batch start to backward start), logged
+metrics at the trainer's logging cadence and at epoch/validation ends, epoch, validation and checkpoint events, and the
 exception with its traceback. Step numbers count training batches on this rank.
 
 Configuration is checked in ``__init__`` and fails there; after that no hook

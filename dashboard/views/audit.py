@@ -37,10 +37,14 @@ totals = report["totals"]
 row = st.columns(4)
 row[0].metric("Jobs", totals["jobs"])
 row[1].metric("GPU-hours", f"{totals['gpu_hours']:.1f}")
-row[2].metric("Energy (kWh)", f"{totals['energy_kwh']:.2f}")
+growing = bool(totals.get("running_jobs"))
+row[2].metric("Energy (kWh)", ("≥ " if growing else "") + f"{totals['energy_kwh']:.2f}",
+              help=f"{totals['running_jobs']} running job(s) counted with their energy so far: still growing."
+              if growing else None)
 row[3].metric("Mean GPU utilisation", "n/a" if totals["mean_util"] is None else f"{totals['mean_util']:.0f} %")
 st.caption("GPU-hours count each job's allocated GPUs over the part of its run inside the period. Energy comes "
-           "from finished jobs' summaries, pro-rated the same way; running jobs have none yet.")
+           "from finished jobs' summaries, pro-rated the same way, and from running jobs' GPUs so far: a row that "
+           "counts running jobs (column *running*) is marked “≥ still growing”.")
 
 period = f"{first_day:%Y%m%d}-{last_day:%Y%m%d}"
 
@@ -53,7 +57,12 @@ def _table(frame: pd.DataFrame, name: str, *, links: bool = False) -> None:
     config = {"gpu_hours": st.column_config.NumberColumn("GPU-hours", format="%.2f"),
               "mean_util": st.column_config.NumberColumn("mean util %", format="%.0f"),
               "energy_kwh": st.column_config.NumberColumn("kWh", format="%.3f"),
-              "energy_share": st.column_config.NumberColumn("energy share", format="percent")}
+              "energy_share": st.column_config.NumberColumn("energy share", format="percent"),
+              "running_jobs": st.column_config.NumberColumn(
+                  "running", help="jobs still running: their energy so far is counted, and still growing")}
+    if "running_jobs" in shown:
+        shown.insert(shown.columns.get_loc("energy_kwh") + 1, "energy note",
+                     ["≥ still growing" if n else "" for n in shown["running_jobs"]])
     if links:
         shown.insert(0, "open", [f"job?{urlencode({'cluster': c, 'job': j})}"
                                  for c, j in zip(shown["cluster"], shown["job_id"], strict=True)])

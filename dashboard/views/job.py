@@ -15,6 +15,7 @@ import streamlit as st
 from jobsight.dashboard import charts, data, job_facts
 from jobsight.dashboard.identity import viewer_or_stop
 from jobsight.dashboard.settings import load_dashboard_settings
+from jobsight.dashboard.views import job_epochs, job_health
 from jobsight.protocol import diagnosis
 
 settings = load_dashboard_settings()
@@ -246,7 +247,9 @@ def profiles() -> None:
 
 
 header()
+job_health.show(ref, first, running, every)
 gpus()
 training()
+job_epochs.show(ref, running, every)
 log_table()
 profiles()

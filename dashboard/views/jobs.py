@@ -11,6 +11,7 @@ import streamlit as st
 from jobsight.dashboard import data
 from jobsight.dashboard.identity import viewer_or_stop
 from jobsight.dashboard.settings import load_dashboard_settings
+from jobsight.dashboard.views.job_health import health_cell
 
 settings = load_dashboard_settings()
 viewer = viewer_or_stop(settings)
@@ -42,6 +43,7 @@ if frame.empty:
     st.stop()
 
 now = pd.Timestamp.now(tz="UTC")
+health = data.open_findings_by_job(viewer, frame)  # one query for the rows shown
 table = pd.DataFrame({
     "open": [f"job?{urlencode({'cluster': c, 'job': j})}"
              for c, j in zip(frame["cluster"], frame["job_id"], strict=True)],
@@ -50,6 +52,7 @@ table = pd.DataFrame({
     "name": frame["name"],
     "partition": frame["partition"],
     "state": frame["state"],
+    "health": [health_cell(health.get((c, j), [])) for c, j in zip(frame["cluster"], frame["job_id"], strict=True)],
     "GPUs": [int(n) if pd.notna(n) else (len(g) if isinstance(g, list) else None)
              for n, g in zip(frame["gpu_count"], frame["gpus"], strict=True)],
     "mean util %": frame["mean_util"],
@@ -66,6 +69,8 @@ st.dataframe(
     table, hide_index=True, width="stretch",
     column_config={
         "open": st.column_config.LinkColumn("open", display_text="open"),
+        "health": st.column_config.TextColumn(
+            help="open findings: ● critical, ▲ warning, ○ info (details on the job page); ok: none open"),
         "mean util %": st.column_config.NumberColumn(
             format="%.0f", help="ended jobs: the whole run; running jobs: the last hour"),
         "energy kWh": st.column_config.NumberColumn(format="%.2f"),

@@ -16,11 +16,14 @@ APP = Path(jobsight.dashboard.__file__).resolve().parent / "app.py"
 
 
 def streamlit_argv(host: str, port: int) -> list[str]:
-    """The command that serves the dashboard on ``host:port``, headless, with no usage stats."""
+    """The command that serves the dashboard on ``host:port``, headless, with no usage stats, and
+    without Streamlit's developer toolbar: its "Deploy" button offers to publish the dashboard to
+    Streamlit's cloud, which is no part of jobsight (``minimal`` keeps only what the app sets)."""
     return [
         sys.executable, "-m", "streamlit", "run", str(APP),
         "--server.address", host, "--server.port", str(port),
         "--server.headless", "true", "--browser.gatherUsageStats", "false",
+        "--client.toolbarMode", "minimal",
     ]
 
 

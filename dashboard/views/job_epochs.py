@@ -1,0 +1,117 @@
+"""The job page's energy section: the job's energy (so far, while it runs), and per epoch its
+duration, throughput, energy and joules per sample, as a table and a chart over the run.
+
+Not a page of its own: :mod:`jobsight.dashboard.views.job` calls :func:`show`.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+import altair as alt
+import pandas as pd
+import streamlit as st
+
+from jobsight.dashboard import charts, data
+
+GROWING = "≥ still growing"
+"""The mark of a figure of a running job that will still grow."""
+
+
+def show(ref: data.JobRef, running: bool, every: dt.timedelta | None) -> None:
+    """The section, redrawn every ``every`` while the job runs (``None``: drawn once)."""
+    st.fragment(_section, run_every=every)(ref, running)
+
+
+def _method_note(answer: dict[str, Any]) -> str:
+    gpus = answer["gpus"]
+    counted, integrated = gpus.get("counter", 0), gpus.get("power integral", 0)
+    if not integrated:
+        return f"From the energy counters of the job's {counted} GPU(s)."
+    return (f"{integrated} GPU(s) have no energy counter: their energy is their power integrated over time "
+            f"(method \"power integral\"), a little less exact than the counter"
+            + (f" that the other {counted} GPU(s) have." if counted else "."))
+
+
+def _frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
+    frame = pd.DataFrame(rows)
+    for column in ("start", "end"):
+        frame[column] = pd.to_datetime(frame[column], utc=True)
+    return frame
+
+
+def _table(frame: pd.DataFrame) -> pd.DataFrame:
+    return pd.DataFrame({
+        "epoch": frame["epoch"], "start": frame["start"], "end": frame["end"], "duration s": frame["duration_s"],
+        "steps": frame["steps"], "samples": frame["samples"], "samples/s": frame["samples_per_s"],
+        "kWh": frame["energy_kwh"], "J": frame["energy_j"], "J/sample": frame["j_per_sample"],
+        "mean W": frame["mean_power_w"], "method": frame["method"],
+        "note": [GROWING if growing else "" for growing in frame["growing"]],
+    })
+
+
+_COLUMNS = {
+    "start": st.column_config.DatetimeColumn("start (UTC)", format="YYYY-MM-DD HH:mm:ss", timezone="UTC"),
+    "end": st.column_config.DatetimeColumn("end (UTC)", format="YYYY-MM-DD HH:mm:ss", timezone="UTC"),
+    "duration s": st.column_config.NumberColumn(format="%.0f"),
+    "samples/s": st.column_config.NumberColumn(format="%.1f"),
+    "kWh": st.column_config.NumberColumn(format="%.4f"),
+    "J": st.column_config.NumberColumn(format="%.0f"),
+    "J/sample": st.column_config.NumberColumn(format="%.3g"),
+    "mean W": st.column_config.NumberColumn(format="%.0f", help="energy over duration, all the job's GPUs"),
+    "method": st.column_config.TextColumn(help="counter: the GPUs' energy counters; power integral: GPUs "
+                                               "without one, their power integrated over time"),
+}
+
+
+def epoch_chart(frame: pd.DataFrame) -> alt.Chart:
+    """A bar per epoch spanning its time on the page's one UTC axis, as high as its energy."""
+    shown = frame.assign(label=[f"epoch {e}" for e in frame["epoch"]],
+                         state=["still growing" if g else "done" for g in frame["growing"]])
+    return alt.Chart(shown).mark_rect(stroke="white", strokeWidth=1).encode(
+        x=charts.time_x(None, "start"), x2="end:T", y=alt.Y("energy_kwh:Q", title="energy (kWh)"),
+        color=alt.Color("state:N", title="", scale=alt.Scale(domain=["done", "still growing"],
+                                                             range=["#4c78a8", "#9ecae9"])),
+        tooltip=["label:N", charts.time_tooltip("start", "start"), charts.time_tooltip("end", "end"),
+                 alt.Tooltip("energy_kwh:Q", title="kWh", format=".4f"),
+                 alt.Tooltip("j_per_sample:Q", title="J/sample", format=".3g"),
+                 alt.Tooltip("samples_per_s:Q", title="samples/s", format=".1f"), "method:N"],
+    ).properties(height=180, title="Energy per epoch")
+
+
+def _outside(answer: dict[str, Any]) -> str:
+    parts = []
+    for key, what in (("before_first_epoch", "before the first epoch (start-up)"),
+                      ("after_last_step", "after the last step")):
+        span = answer[key]
+        if span is not None and span["energy_kwh"] is not None:
+            parts.append(f"{what}: {span['energy_kwh']:.4f} kWh over {span['duration_s']:.0f} s"
+                         + (f" ({GROWING})" if span["growing"] else ""))
+    return ("Also " + "; ".join(parts) + ". With the epochs they add up to the job's energy.") if parts else ""
+
+
+def _section(ref: data.JobRef, running: bool) -> None:
+    st.subheader("Energy per epoch")
+    answer = data.epochs(ref, running)
+    if answer["energy_kwh"] is None:
+        st.info("No GPU energy for this job yet: no GPU sample with an energy counter or a power reading.")
+        return
+    cells = st.columns(3)
+    cells[0].metric("Energy so far (kWh)" if running else "Energy (kWh)",
+                    ("≥ " if running else "") + f"{answer['energy_kwh']:.4f}",
+                    help="The job is running: this is still growing." if running else None)
+    cells[1].metric("Method", answer["method"])
+    cells[2].metric("Epochs", len(answer["epochs"]))
+    st.caption(_method_note(answer))
+    if not answer["epochs"]:
+        st.info("No epochs: the job's training steps carry no epoch (or it has no jobsight callback).")
+        return
+    frame = _frame(answer["epochs"])
+    st.dataframe(_table(frame), hide_index=True, width="stretch", column_config=_COLUMNS)
+    st.caption(" ".join(filter(None, [
+        "An epoch runs from its first step to the next epoch's; the last one to the last step.",
+        _outside(answer),
+        f"Figures marked “{GROWING}” belong to a running job." if running else "",
+    ])))
+    st.altair_chart(epoch_chart(frame), width="stretch")

@@ -1,0 +1,205 @@
+"""The job page's health section, and how a finding reads wherever the dashboard shows one.
+
+On the job page: a banner of the job's open findings (most severe first; critical as an error,
+warning as a warning, info as a note), each with its evidence and a link to its moment in the
+timeline; the resolved ones in a collapsed "History". The link opens the job page with ``at``
+(:data:`MOMENT_PARAM`) set, and the page then shows every GPU and rank over the minutes around
+that moment (:func:`show` draws that too), while the charts further down keep the whole run.
+
+Not a page of its own: :mod:`jobsight.dashboard.views.job` calls :func:`show`; the jobs list and
+the Attention page use :func:`health_cell`, :func:`mark` and :func:`moment_url`.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any, Final
+from urllib.parse import urlencode
+
+import altair as alt
+import pandas as pd
+import streamlit as st
+
+from jobsight.dashboard import charts, data
+from jobsight.dashboard.settings import load_dashboard_settings, points_per_series
+
+JOB_PAGE: Final = "views/job.py"
+"""The job page as ``st.page_link`` names it (relative to the app's main script)."""
+MOMENT_PARAM: Final = "at"
+"""The job page's query parameter holding the moment a finding points at (ISO 8601, UTC)."""
+MOMENT_BEFORE: Final = dt.timedelta(minutes=10)
+MOMENT_AFTER: Final = dt.timedelta(minutes=10)
+"""The window shown around a moment: a hung rank's moment is its last step, so what led up to it
+and the silence after both matter."""
+MOMENT_POINTS: Final = 120
+"""Time buckets a GPU or rank gets in the window (5 s over 20 minutes), fewer for big jobs."""
+
+SEVERITY_ORDER: Final = ("critical", "warning", "info")
+SEVERITY_MARK: Final = {"critical": "●", "warning": "▲", "info": "○"}
+_BOX: Final[Mapping[str, tuple[Callable[..., Any], str]]] = {
+    "critical": (st.error, ":material/error:"),
+    "warning": (st.warning, ":material/warning:"),
+    "info": (st.info, ":material/info:"),
+}
+RULE_LABEL: Final = {"hung_rank": "hung", "straggler": "straggler", "idle_allocation": "idle GPUs",
+                     "low_utilisation": "low util", "memory_unused": "memory unused"}
+"""Short names of the rules of :mod:`jobsight.protocol.health` for table cells."""
+
+
+def mark(finding: Mapping[str, Any]) -> str:
+    """``● hung``: the finding's severity mark and its rule's short name."""
+    return f"{SEVERITY_MARK.get(finding['severity'], '○')} {RULE_LABEL.get(finding['rule'], finding['rule'])}"
+
+
+def health_cell(open_findings: list[dict[str, Any]]) -> str:
+    """A job's cell in the jobs list: its open findings' marks, most severe first; ``ok`` when none
+    is open."""
+    return ", ".join(dict.fromkeys(mark(f) for f in open_findings)) or "ok"
+
+
+def moment_of(finding: Mapping[str, Any]) -> dt.datetime:
+    """The moment a finding points at: ``at_ts`` (a hung rank's last step), else when it opened."""
+    at = finding.get("at_ts")
+    # A row of a data frame holds NaT for a missing time, and NaT is truthy.
+    moment: dt.datetime = at if at is not None and not pd.isna(at) else finding["opened_at"]
+    return moment.astimezone(dt.UTC)
+
+
+def _iso(moment: dt.datetime) -> str:
+    return moment.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def moment_query(cluster: str, job_id: str, moment: dt.datetime) -> dict[str, str]:
+    """The job page's query parameters that open it at ``moment``."""
+    return {"cluster": cluster, "job": job_id, MOMENT_PARAM: _iso(moment)}
+
+
+def moment_url(cluster: str, job_id: str, moment: dt.datetime) -> str:
+    """A relative link (as the jobs list's) to the job page at ``moment``."""
+    return "job?" + urlencode(moment_query(cluster, job_id, moment), safe=":")  # a readable time
+
+
+def parse_moment(text: str | None) -> dt.datetime | None:
+    """The moment of an ``at`` parameter; ``None`` when absent or not a time (a hand-edited link)."""
+    if not text:
+        return None
+    try:
+        moment = dt.datetime.fromisoformat(text)
+    except ValueError:
+        return None
+    return moment.replace(tzinfo=dt.UTC) if moment.tzinfo is None else moment.astimezone(dt.UTC)
+
+
+def _value_text(key: str, value: Any) -> str:
+    # Rules store times as seconds since the epoch (``last_step_at``): shown as the page's clock.
+    if key.endswith("_at") and isinstance(value, int | float) and not isinstance(value, bool):
+        return dt.datetime.fromtimestamp(value, dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+    if isinstance(value, float):
+        return f"{value:g}"
+    if isinstance(value, list | tuple):
+        return ", ".join(map(str, value))
+    return "—" if value is None else str(value)
+
+
+def _flatten(evidence: Mapping[str, Any], prefix: str = "") -> Iterator[tuple[str, str]]:
+    for key, value in evidence.items():
+        if isinstance(value, Mapping):
+            yield from _flatten(value, f"{prefix}{key}.")
+        else:
+            yield f"{prefix}{key}", _value_text(str(key), value)
+
+
+def evidence_table(evidence: Mapping[str, Any] | None) -> pd.DataFrame:
+    """The evidence as ``name``/``value`` rows, nested keys joined with dots (``ranks.1.silent_s``)."""
+    return pd.DataFrame(list(_flatten(evidence or {})), columns=["name", "value"])
+
+
+def _where(finding: Mapping[str, Any]) -> str:
+    parts = [f"node {finding['node']}" if finding.get("node") else "", f"GPU {finding['gpu']}" if finding.get("gpu")
+             else ""]
+    return ", ".join(p for p in parts if p)
+
+
+def _finding(ref: data.JobRef, finding: Mapping[str, Any]) -> None:
+    box, icon = _BOX.get(finding["severity"], _BOX["info"])
+    where = _where(finding)
+    box(f"**{finding['title']}**" + (f" ({where})" if where else "") + f"  \n{finding['message']}  \n"
+        f"Open since {finding['opened_at'].astimezone(dt.UTC):%Y-%m-%d %H:%M} UTC, last checked "
+        f"{finding['updated_at'].astimezone(dt.UTC):%H:%M:%S} UTC.", icon=icon)
+    moment = moment_of(finding)
+    left, right = st.columns([1, 2])
+    left.page_link(JOB_PAGE, label=f"Show {moment:%H:%M:%S} UTC in the timeline", icon=":material/timeline:",
+                   query_params=moment_query(ref.cluster, ref.job_id, moment))
+    with right.expander("Evidence"):
+        st.dataframe(evidence_table(finding["evidence"]), hide_index=True, width="stretch")
+
+
+_TIME = st.column_config.DatetimeColumn(format="YYYY-MM-DD HH:mm:ss", timezone="UTC")
+
+
+def _history(resolved: list[dict[str, Any]]) -> None:
+    with st.expander(f"History: {len(resolved)} resolved finding(s)", expanded=False):
+        st.dataframe(pd.DataFrame({
+            "health": [mark(f) for f in resolved], "subject": [f["subject"] or "job" for f in resolved],
+            "title": [f["title"] for f in resolved], "opened (UTC)": [f["opened_at"] for f in resolved],
+            "resolved (UTC)": [f["resolved_at"] for f in resolved], "message": [f["message"] for f in resolved],
+        }), hide_index=True, width="stretch", column_config={"opened (UTC)": _TIME, "resolved (UTC)": _TIME})
+
+
+def _banner(ref: data.JobRef) -> None:
+    found = data.findings(ref)
+    opened = sorted((f for f in found if f["state"] == "open"),
+                    key=lambda f: SEVERITY_ORDER.index(f["severity"]) if f["severity"] in SEVERITY_ORDER else 9)
+    for finding in opened:
+        _finding(ref, finding)
+    resolved = [f for f in found if f["state"] != "open"]
+    if resolved:
+        _history(resolved)
+
+
+def _window(job: Mapping[str, Any], moment: dt.datetime) -> charts.Domain:
+    """Around ``moment``, within the run where it is known (a running job's end is now)."""
+    start, end = moment - MOMENT_BEFORE, moment + MOMENT_AFTER
+    if job.get("start_time"):
+        start = max(start, job["start_time"])
+    last = job.get("end_time") or (dt.datetime.now(dt.UTC) if job.get("state") == "running" else None)
+    if last is not None:
+        end = min(end, last)
+    return start, max(end, start + dt.timedelta(minutes=1))
+
+
+def _moment(ref: data.JobRef, job: Mapping[str, Any], moment: dt.datetime) -> None:
+    settings = load_dashboard_settings()
+    domain = _window(job, moment)
+    st.subheader(f"Around {moment:%Y-%m-%d %H:%M:%S} UTC")
+    st.caption(f"Every GPU and rank from {domain[0]:%H:%M:%S} to {domain[1]:%H:%M:%S} UTC; the red line is the "
+               "moment the finding points at. The charts further down show the whole run.")
+    series = len(job.get("gpus") or []) or int(job.get("gpu_count") or 0) or 1
+    gpus, steps = data.moment(ref, domain[0], domain[1], points_per_series(settings.heatmap_cells, series,
+                                                                           MOMENT_POINTS))
+    rule = alt.Chart(pd.DataFrame({"at": [pd.Timestamp(moment)]})).mark_rule(color="#e45756", strokeWidth=2).encode(
+        x=charts.time_x(domain, "at"), tooltip=[charts.time_tooltip("at", "finding")])
+    if not gpus.empty:
+        frame = charts.gpu_frame(gpus)
+        st.altair_chart(alt.layer(charts.gpu_heatmap(frame, domain), rule), width="stretch",
+                        height=charts.heatmap_height(frame))
+    if not steps.empty:
+        view = charts.step_view(steps, charts.find_stragglers(steps), settings.line_points)
+        st.altair_chart(charts.step_chart(view, domain, alt.LayerChart(layer=[rule])), width="stretch")
+    if gpus.empty and steps.empty:
+        st.info("No GPU samples or steps of this job around this moment.")
+    st.page_link(JOB_PAGE, label="Hide this window", icon=":material/close:",
+                 query_params={"cluster": ref.cluster, "job": ref.job_id})
+
+
+def show(ref: data.JobRef, job: Mapping[str, Any], running: bool, every: dt.timedelta | None) -> None:
+    """The banner, redrawn every ``every`` while the job runs (``None``: drawn once), then the
+    window around the moment the page was opened at, if a finding's link opened it."""
+    st.fragment(_banner, run_every=every)(ref)
+    text = st.query_params.get(MOMENT_PARAM)
+    moment = parse_moment(text)
+    if moment is not None:
+        _moment(ref, job, moment)
+    elif text:
+        st.caption(f"The link's moment {text!r} is not a time; showing the whole run.")
