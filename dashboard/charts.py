@@ -189,6 +189,11 @@ def heatmap_height(frame: pd.DataFrame) -> int:
     return max(3, min(18, 900 // max(gpus, 1))) * gpus + 70
 
 
+def compares_own_work(steps: pd.DataFrame) -> bool:
+    """Whether :func:`find_stragglers` compares own work per step (every bucket measured it)."""
+    return "own_s" in steps and bool(steps["own_s"].notna().all())
+
+
 def find_stragglers(steps: pd.DataFrame) -> list[int]:
     """Straggler ranks by the one rule of :func:`jobsight.protocol.diagnosis.stragglers`, over each
     rank's mean own work per step (data wait + forward: in synchronous data-parallel training every
@@ -196,7 +201,7 @@ def find_stragglers(steps: pd.DataFrame) -> list[int]:
     shown range: what the health rule and ``/diagnosis`` compare."""
     if steps.empty or steps["rank"].nunique() < 2:
         return []
-    own = "own_s" in steps and bool(steps["own_s"].notna().all())
+    own = compares_own_work(steps)
     weighted = steps.assign(total=steps["own_s" if own else "duration_s"] * steps["steps"]).groupby("rank")[
         ["total", "steps"]].sum()
     per_rank = weighted["total"] / weighted["steps"]
@@ -374,7 +379,10 @@ def breakdown_chart(breakdown: pd.DataFrame) -> alt.Chart:
 
 
 def trend_chart(trend: pd.DataFrame) -> alt.Chart:
-    long = trend.melt(id_vars=["day"], value_vars=["gpu_hours", "low_util_gpu_hours"], var_name="series",
+    # Floats: PostgreSQL's numeric sums arrive as Decimal, which Arrow hands Vega as a scaled
+    # BigInt it cannot plot (the chart stayed blank).
+    hours = trend.astype({"gpu_hours": float, "low_util_gpu_hours": float})
+    long = hours.melt(id_vars=["day"], value_vars=["gpu_hours", "low_util_gpu_hours"], var_name="series",
                       value_name="hours")
     return alt.Chart(long).mark_line(point=True).encode(
         x=time_x(None, "day", title=f"day ({TIME_ZONE})", time_format="%Y-%m-%d"),

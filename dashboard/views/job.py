@@ -63,6 +63,9 @@ def header() -> None:
     job = data.open_job(viewer, ref.cluster, ref.job_id).job or first
     domain = _domain(job)
     st.title(f"Job {job['job_id']}" + (f" · {job['name']}" if job.get("name") else ""))
+    if job.get("demo"):
+        st.info(f"Demo data: this job was made by `jobsight up --demo` (cluster {job.get('cluster') or ref.cluster}); "
+                "its GPUs are simulated or it is a small CPU training run, not a real cluster's job.", icon="🧪")
     gpus = job.get("gpus") or []
     cells = st.columns(6)
     cells[0].metric("User", job_facts.user(job))
@@ -116,7 +119,9 @@ def training() -> None:
         stragglers = charts.find_stragglers(steps)
         if stragglers:
             ratio = diagnosis.DEFAULT_THRESHOLDS.straggler_ratio
-            st.warning(f"Straggler rank(s): {', '.join(map(str, stragglers))} — mean step time at least "
+            quantity = ("own work per step (data wait + forward; the other ranks wait for it in the all-reduce)"
+                        if charts.compares_own_work(steps) else "mean step time")
+            st.warning(f"Straggler rank(s): {', '.join(map(str, stragglers))} — {quantity} at least "
                        f"{ratio:.2f}× the median rank's.")
         view = charts.step_view(steps, stragglers, settings.line_points)
         st.altair_chart(charts.step_chart(view, domain, overlay), width="stretch")

@@ -95,14 +95,22 @@ def _body(driver: Any) -> str:
     return str(driver.find_element(By.TAG_NAME, "body").text)
 
 
-def _keep(driver: Any, out: Path, name: str) -> None:
-    """Screenshot, page source and console of the page now, in ``out`` and in :data:`SHOTS`."""
+def _keep(driver: Any, out: Path, name: str) -> list[dict[str, Any]]:
+    """Screenshot, page source and console of the page now, in ``out`` and in :data:`SHOTS`;
+    returns the console's entries since the last call."""
     driver.save_screenshot(str(out / f"{name}.png"))
     (out / f"{name}.html").write_text(driver.page_source)
-    (out / f"{name}.console.log").write_text("\n".join(str(entry) for entry in driver.get_log("browser")))
+    console: list[dict[str, Any]] = driver.get_log("browser")
+    (out / f"{name}.console.log").write_text("\n".join(str(entry) for entry in console))
     SHOTS.mkdir(parents=True, exist_ok=True)
     for suffix in (".png", ".console.log"):
         shutil.copy(out / f"{name}{suffix}", SHOTS / f"{name}{suffix}")
+    return console
+
+
+def _chart_errors(console: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Errors Vega logged drawing a chart (a blank trend chart, a NaN axis)."""
+    return [e for e in console if e.get("level") == "SEVERE" and ("vega" in str(e).lower() or "embed." in str(e))]
 
 
 def _no_deploy(driver: Any) -> None:
@@ -154,7 +162,8 @@ def test_demo_first_look(chromium: Any, tmp_path: Path) -> None:
             _wait(lambda: _settled(driver), 60, "the job page's script run to finish")
             time.sleep(1.0)
         finally:
-            _keep(driver, tmp_path, "demo-job-page")
+            console = _keep(driver, tmp_path, "demo-job-page")
+        assert not _chart_errors(console), console
         body = _body(driver)
         assert not driver.find_elements(By.CSS_SELECTOR, '[data-testid="stException"]'), body[:2000]
         assert "simulated: " in body and "sim-gpu02" in body
@@ -169,7 +178,8 @@ def test_demo_first_look(chromium: Any, tmp_path: Path) -> None:
             _wait(lambda: _settled(driver), 60, "the audit page's script run to finish")
             time.sleep(1.0)
         finally:
-            _keep(driver, tmp_path, "demo-audit-page")
+            console = _keep(driver, tmp_path, "demo-audit-page")
+        assert not _chart_errors(console), console
         figures = {m.find_element(By.CSS_SELECTOR, '[data-testid="stMetricLabel"]').text.strip():
                    m.find_element(By.CSS_SELECTOR, '[data-testid="stMetricValue"]').text.strip()
                    for m in driver.find_elements(By.CSS_SELECTOR, '[data-testid="stMetric"]')}
@@ -182,7 +192,8 @@ def test_demo_first_look(chromium: Any, tmp_path: Path) -> None:
             _wait(lambda: driver.find_elements(By.CSS_SELECTOR, '[data-testid="stDataFrame"]'), 60, "the jobs list")
             _wait(lambda: _settled(driver), 60, "the jobs page's script run to finish")
         finally:
-            _keep(driver, tmp_path, "demo-jobs-page")
+            console = _keep(driver, tmp_path, "demo-jobs-page")
+        assert not _chart_errors(console), console
         _no_deploy(driver)
         assert up.interrupt() == 0
     assert "stopping jobsight" in (tmp_path / "up.log").read_text()
