@@ -6,7 +6,9 @@ import os
 import shutil
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlencode
 
 import pytest
@@ -21,8 +23,9 @@ OUTPUT = REPO / "test-output" / "dashboard"
 CHROMIUM, CHROMEDRIVER = shutil.which("chromium"), shutil.which("chromedriver")
 
 
-@pytest.fixture
-def browser() -> object:
+def headless_chromium(window_height: int) -> Iterator[Any]:
+    """Debian's chromium driven headless through chromedriver (skips without them, fails with
+    ``JOBSIGHT_REQUIRE_BROWSER=1``, as CI sets), 1600 pixels wide."""
     if not (CHROMIUM and CHROMEDRIVER):
         reason = "needs Debian's chromium and chromium-driver (apt-get install chromium chromium-driver)"
         if os.environ.get("JOBSIGHT_REQUIRE_BROWSER") == "1":
@@ -36,12 +39,17 @@ def browser() -> object:
     options.binary_location = CHROMIUM
     for flag in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-dev-shm-usage",
-                 f"--user-data-dir={profile}", "--window-size=1600,2400"):
+                 f"--user-data-dir={profile}", f"--window-size=1600,{window_height}"):
         options.add_argument(flag)
     driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
     yield driver
     driver.quit()
     shutil.rmtree(profile, ignore_errors=True)
+
+
+@pytest.fixture
+def browser() -> Iterator[Any]:
+    yield from headless_chromium(2400)
 
 
 def _wait(condition: object, timeout: float, what: str) -> None:

@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import re
 import shutil
-import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -28,7 +27,7 @@ from urllib.parse import urlencode
 import pytest
 
 from tests.collector.test_up import Up
-from tests.dashboard.test_browser import CHROMEDRIVER, CHROMIUM, _wait
+from tests.dashboard.test_browser import _wait, headless_chromium
 
 pytestmark = pytest.mark.browser
 
@@ -57,22 +56,7 @@ HUNG_ON_PAGE = re.compile(r"looks hung|has stopped stepping", re.IGNORECASE)
 @pytest.fixture
 def chromium() -> Iterator[Any]:
     """Headless Chromium as tests/dashboard/test_browser.py drives it, with a taller window for the shots."""
-    if not (CHROMIUM and CHROMEDRIVER):
-        pytest.skip("needs Debian's chromium and chromium-driver (apt-get install chromium chromium-driver)")
-    webdriver = pytest.importorskip("selenium.webdriver")
-    from selenium.webdriver.chrome.service import Service
-
-    profile = tempfile.mkdtemp(prefix="jobsight-chromium-")
-    options = webdriver.ChromeOptions()
-    options.binary_location = CHROMIUM
-    for flag in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-dev-shm-usage",
-                 f"--user-data-dir={profile}", "--window-size=1600,3000"):
-        options.add_argument(flag)
-    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
-    yield driver
-    driver.quit()
-    shutil.rmtree(profile, ignore_errors=True)
+    yield from headless_chromium(3000)
 
 
 def _get(url: str, token: str) -> Any:
