@@ -1,9 +1,10 @@
 """What an alert message says, and how it leaves: the one Apprise call, with its log kept in.
 
 A message covers every outbox row that went due for one sink in one group window: a title with
-the counts and one line per finding. Apprise is told nothing but the URL, title and body; what
-it logs is held back from the application's log (it names hosts and, at times, whole URLs) and
-kept only as the reason of a failure, with every part of the URL taken out.
+the counts and one line per finding, each ending with the link to its job's page at the moment
+the finding points at (:mod:`jobsight.protocol.links`). Apprise is told nothing but the URL,
+title and body; what it logs is held back from the application's log (it names hosts and, at
+times, whole URLs) and kept only as the reason of a failure, with every part of the URL taken out.
 """
 
 from __future__ import annotations
@@ -14,18 +15,14 @@ import threading
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
-from urllib.parse import parse_qsl, unquote, urlencode
+from urllib.parse import parse_qsl, unquote
 
 from jobsight.collector.alert_settings import quiet_apprise_logging
+from jobsight.protocol import links
 
 MAX_LINES = 50
 """Findings named in one message; a cluster-wide event lists the first ones and a count."""
 MAX_ERROR_CHARS = 500
-
-
-def dashboard_job_url(dashboard_url: str, cluster: str, job_id: str) -> str:
-    """The dashboard's page of one job (the link ``GET /v1/jobs/{job}/summary`` gives too)."""
-    return f"{dashboard_url.rstrip('/')}/job?{urlencode({'cluster': cluster, 'job': job_id})}"
 
 
 def _findings(count: int) -> str:
@@ -56,8 +53,10 @@ def _line(row: Mapping[str, Any], dashboard_url: str | None) -> str:
         text = f"[{row['severity']}] {row['rule']}{subject}: {row['message']}"
     else:
         text = f"{row['rule']}{subject}: {row['title']} (open since {_when(row.get('opened_at'))})"
-    link = f" {dashboard_job_url(dashboard_url, row['cluster'], row['job_id'])}" if dashboard_url else ""
-    return f"{head} {text}{link}"
+    if not dashboard_url:
+        return f"{head} {text}"
+    moment = links.finding_moment(row.get("at_ts"), row.get("opened_at"))
+    return f"{head} {text} {links.job_link(row['cluster'], row['job_id'], moment, base=dashboard_url)}"
 
 
 def compose(rows: Sequence[Mapping[str, Any]], dashboard_url: str | None = None) -> tuple[str, str, str]:

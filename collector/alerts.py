@@ -57,7 +57,7 @@ SELECT EXISTS (SELECT 1 FROM alert_outbox WHERE sink = %(sink)s
 
 CLAIM: Final = """
 SELECT o.job_id, o.id, o.cluster, o.finding_id, o.event, o.attempts,
-       f.rule, f.subject, f.severity, f.title, f.message, f.opened_at, f.resolved_at, j.user_name
+       f.rule, f.subject, f.severity, f.title, f.message, f.opened_at, f.resolved_at, f.at_ts, j.user_name
 FROM alert_outbox o
 LEFT JOIN findings f ON f.job_id = o.job_id AND f.id = o.finding_id
 LEFT JOIN jobs j ON j.cluster = o.cluster AND j.job_id = o.job_id

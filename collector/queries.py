@@ -11,12 +11,13 @@ read the step rollup (:mod:`jobsight.collector.step_rollup`) rather than a row p
 from __future__ import annotations
 
 import datetime as dt
+import math
 from dataclasses import dataclass
 from typing import Any
 
 from psycopg.pq import TransactionStatus
 
-from jobsight.collector import host_tier, step_rollup, tiers
+from jobsight.collector import host_tier, sampling, step_rollup, tiers
 from jobsight.collector.db import Connection
 
 MAX_POINTS = 5000
@@ -179,6 +180,13 @@ def gpu_series(
     """Per GPU (node, index, MIG device) and time bucket: mean utilisation, max memory,
     mean power and temperature. At most ``points`` buckets per GPU.
 
+    A bucket is never narrower than the job's sampling interval
+    (:func:`jobsight.collector.sampling.sampling_interval`), so that a GPU sampled every 15 s has a
+    sample in every bucket rather than in one of ten; every row says its bucket's width
+    (``bucket_s``) and the interval found (``interval_s``, ``None`` when unknown). Buckets that
+    would be under two intervals wide are a whole number of intervals instead, centred on the
+    samples (the first starts half an interval before the window).
+
     Wide buckets come from the rollups: two hours or more from the per-hour one (a 9-day job
     reads thousands of rows), two minutes or more from the per-minute one (a 24-hour job never
     reads its samples). A rollup counts whole hours or minutes: a window that starts or ends
@@ -214,34 +222,59 @@ def gpu_series_statements(
 ) -> list[tuple[str, dict[str, Any]]]:
     """The statements :func:`gpu_series` runs, in order, until one returns rows: the hour
     rollup's and the minute rollup's when the buckets are wide enough for them, then the
-    samples'. All give the same columns. (Tests EXPLAIN them.)"""
+    samples'; only the samples' when ``points`` buckets would be under two sampling intervals
+    wide. All give the same columns. (Tests EXPLAIN them.)"""
     points = min(max(points, 1), MAX_POINTS)
     window = _resolve_range(conn, "gpu_samples", cluster, job_id, start, end)
     if window is None:
         return []
+    interval = sampling.sampling_interval(conn, cluster, job_id, window)
+    grid, width = _sample_buckets(window, points, interval)
+    samples = (GPU_FROM_SAMPLES, _bucket_params(grid, window, width, interval, job_id, cluster))
+    if interval is not None and window.bucket_seconds(points) < 2 * interval:
+        # A sample or two a bucket: the samples are no more rows than the buckets, and a rollup, which
+        # places each sample at its minute's or hour's start, would fill such buckets unevenly.
+        return [samples]
     grains = ((window.from_hour(), HOUR_ROLLUP_MIN_BUCKET_S, GPU_FROM_HOURS),
               (window.from_minute(), ROLLUP_MIN_BUCKET_S, GPU_FROM_MINUTES))
-    statements = [(query, _bucket_params(aligned, window.end, points, job_id, cluster))
-                  for aligned, least, query in grains if aligned.bucket_seconds(points) >= least]
-    statements.append((GPU_FROM_SAMPLES, _bucket_params(window, window.end, points, job_id, cluster)))
-    return statements
+    rollups = [(query, _bucket_params(aligned, window, aligned.bucket_seconds(points), interval, job_id, cluster))
+               for aligned, least, query in grains if aligned.bucket_seconds(points) >= least]
+    return [*rollups, samples]
 
 
-def _bucket_params(aligned: TimeRange, end: dt.datetime, points: int, job_id: str, cluster: str) -> dict[str, Any]:
-    """Buckets of ``aligned`` (its start is their origin) up to ``end``, the window's own."""
-    return {"width": aligned.bucket_seconds(points), "origin": aligned.start, "end": end, "job": job_id,
-            "cluster": cluster}
+def _sample_buckets(window: TimeRange, points: int, interval: float | None) -> tuple[TimeRange, float]:
+    """The samples' buckets: the range whose start is their origin, and their width in seconds.
+
+    Buckets ``points`` make of the window, when they are two sampling intervals wide or more (or the
+    interval is not known). Narrower, they would be one interval and a hair, and as the hair adds up
+    along the run, samples would reach a bucket's edge, where one a millisecond early leaves its own
+    bucket empty and the next with two: holes in the heatmap and lone points in a line. So they are
+    the fewest whole intervals that keep to ``points`` (one, or two), from half an interval before
+    the window: each sample sits mid-bucket, whatever its jitter."""
+    if interval is None or window.bucket_seconds(points) >= 2 * interval:
+        return window, window.bucket_seconds(points)
+    centred = TimeRange(window.start - dt.timedelta(seconds=interval / 2), window.end)
+    width = interval * math.ceil(centred.bucket_seconds(points) / interval)
+    return centred, math.ceil(width * 1e6) / 1e6  # whole microseconds, as date_bin takes it: the rows say it exactly
+
+
+def _bucket_params(grid: TimeRange, window: TimeRange, width: float, interval: float | None, job_id: str,
+                   cluster: str) -> dict[str, Any]:
+    """Buckets of ``width`` seconds from ``grid``'s start (their origin) over ``window``."""
+    return {"width": width, "interval": interval, "origin": grid.start, "start": window.start, "end": window.end,
+            "job": job_id, "cluster": cluster}
 
 
 GPU_FROM_SAMPLES = f"""
 SELECT node, gpu_index, gpu_uuid, mig_uuid,
        date_bin(make_interval(secs => %(width)s), ts, %(origin)s) AS bucket,
+       %(width)s::float8 AS bucket_s, %(interval)s::float8 AS interval_s,
        avg(util_gpu) AS util_gpu, avg(util_mem) AS util_mem,
        max(mem_used) AS mem_used, max(mem_total) AS mem_total,
        avg(power_w) AS power_w, avg(temp_c) AS temp_c, max(energy_j) AS energy_j,
        bool_or(lost) AS lost, count(*) AS samples
 FROM {tiers.samples(("util_gpu", "util_mem", "mem_used", "mem_total", "power_w", "temp_c", "energy_j", "lost"),
-                    start="%(origin)s", end="%(end)s")} s
+                    start="%(start)s", end="%(end)s")} s
 GROUP BY node, gpu_index, gpu_uuid, mig_uuid, bucket
 ORDER BY node, gpu_index, mig_uuid NULLS FIRST, bucket
 """
@@ -253,6 +286,7 @@ def _from_rollup(bucket_of: str, rows: str) -> str:
     return f"""
 SELECT nullif(node, '') AS node, gpu_index, min(gpu_uuid) AS gpu_uuid, nullif(mig_uuid, '') AS mig_uuid,
        date_bin(make_interval(secs => %(width)s), {bucket_of}, %(origin)s) AS bucket,
+       %(width)s::float8 AS bucket_s, %(interval)s::float8 AS interval_s,
        sum(util_gpu_sum) / nullif(sum(util_gpu_n), 0) AS util_gpu,
        sum(util_mem_sum) / nullif(sum(util_mem_n), 0) AS util_mem,
        max(mem_used_max) AS mem_used, max(mem_total_max) AS mem_total,

@@ -1,7 +1,8 @@
 """jobsight dashboard: the entry point ``jobsight up`` runs with ``streamlit run``.
 
 It checks settings and identity once per rerun, then hands over to the page; the audit
-and Attention pages are registered only for admins.
+and Attention pages are registered only for admins. Every page has its own address
+(:mod:`jobsight.protocol.links`): the root address forwards to ``/jobs``.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import streamlit as st
 from jobsight.collector.settings import SettingsError
 from jobsight.dashboard.identity import viewer_or_stop
 from jobsight.dashboard.settings import load_dashboard_settings
+from jobsight.protocol import links
 
 PAGES = Path(__file__).resolve().parent / "views"
 
@@ -26,14 +28,24 @@ except SettingsError as exc:
 
 viewer = viewer_or_stop(settings)
 
+jobs = st.Page(PAGES / "jobs.py", title="Jobs", icon=":material/list:", url_path=links.JOBS_PAGE)
+
+
+def start() -> None:
+    """The app's root address opens the jobs list at its own address, ``/jobs``, so that the list
+    has a link like every page (Streamlit serves its default page at ``/`` only)."""
+    st.switch_page(jobs, query_params=st.query_params.to_dict())
+
+
 pages = [
-    st.Page(PAGES / "jobs.py", title="Jobs", icon=":material/list:", url_path="jobs", default=True),
-    st.Page(PAGES / "job.py", title="Job", icon=":material/monitoring:", url_path="job"),
+    st.Page(start, title="jobsight", url_path="start", default=True, visibility="hidden"),
+    jobs,
+    st.Page(PAGES / "job.py", title="Job", icon=":material/monitoring:", url_path=links.JOB_PAGE),
 ]
 if viewer.is_admin:
-    pages.append(st.Page(PAGES / "audit.py", title="Audit", icon=":material/fact_check:", url_path="audit"))
+    pages.append(st.Page(PAGES / "audit.py", title="Audit", icon=":material/fact_check:", url_path=links.AUDIT_PAGE))
     pages.append(st.Page(PAGES / "attention.py", title="Attention", icon=":material/notification_important:",
-                         url_path="attention"))
+                         url_path=links.ATTENTION_PAGE))
 
 with st.sidebar:
     st.caption(f"Signed in as **{viewer.name}**" + (" (admin)" if viewer.is_admin else ""))

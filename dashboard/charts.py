@@ -5,6 +5,10 @@ What a chart ships to the browser is bounded: the heatmap by the cells the data 
 chart by a point budget across its lines (neighbouring buckets merged when over it), and the step
 chart of many ranks is a band across ranks plus the few ranks outside it, not a line per rank.
 
+GPU charts are true to time at any sampling interval: the query never cuts buckets narrower than the
+samples come (``bucket_s``), heatmap cells span their buckets on the time axis, and a GPU's line joins
+buckets up to :data:`JOIN_BUCKETS` widths apart and breaks at longer gaps, the outages.
+
 Every time axis and time tooltip comes from :func:`time_x` and :func:`time_tooltip`: one format
 (24-hour) in one zone (UTC), named in the axis title, so no chart reads another's clock differently."""
 
@@ -19,7 +23,7 @@ from typing import Final
 import altair as alt
 import pandas as pd
 
-from jobsight.dashboard.settings import points_per_series
+from jobsight.dashboard.settings import MIN_SERIES_POINTS, points_per_series
 from jobsight.protocol import diagnosis
 
 Domain = tuple[dt.datetime, dt.datetime]
@@ -41,6 +45,10 @@ chart drawn by Streamlit's own line chart read 06:35 where the others read 18:35
 collector stores, the API returns and Slurm's accounting is compared against."""
 TIME_FORMAT: Final = "%H:%M"
 """24-hour clock on every time axis."""
+SHORT_TIME_FORMAT: Final = "%H:%M:%S"
+"""The same with seconds, for a domain under :data:`SHORT_DOMAIN`: Vega ticks it every 30 s or less,
+which minutes alone labelled 08:40, 08:40, 08:41, 08:41."""
+SHORT_DOMAIN: Final = dt.timedelta(minutes=20)
 TIME_TITLE: Final = f"time ({TIME_ZONE})"
 _TOOLTIP_FORMAT: Final = "%Y-%m-%d %H:%M:%S"
 
@@ -55,9 +63,13 @@ def _scale(domain: Domain | None) -> alt.Scale:
 
 
 def time_x(domain: Domain | None, field: str = "bucket", *, title: str = TIME_TITLE,
-           time_format: str = TIME_FORMAT) -> alt.X:
-    """The time axis every chart shares: ``field`` on a UTC scale, labelled in 24-hour UTC and
-    titled with the zone, so two charts of the page always read the same clock."""
+           time_format: str | None = None) -> alt.X:
+    """The time axis every chart shares: ``field`` on a UTC scale, labelled in 24-hour UTC (with
+    seconds over a short domain) and titled with the zone, so two charts of the page always read the
+    same clock."""
+    if time_format is None:
+        short = domain is not None and domain[1] - domain[0] < SHORT_DOMAIN
+        time_format = SHORT_TIME_FORMAT if short else TIME_FORMAT
     return alt.X(f"{field}:T", title=title, scale=_scale(domain),
                  axis=alt.Axis(format=time_format, labelOverlap=True))
 
@@ -87,6 +99,76 @@ def fit_lines(frame: pd.DataFrame, by: Sequence[str], budget: int, how: Mapping[
         return frame
     series = frame.groupby(list(by), dropna=False).ngroups
     return merge_buckets(frame, by, points_per_series(budget, series, budget), how)
+
+
+JOIN_BUCKETS: Final = 3
+"""A line joins a series' buckets up to this many bucket widths apart (up to two empty buckets between:
+a late or lost sample or two); farther apart is an outage, drawn as a gap in the line. Buckets are never
+narrower than the sampling interval, so an outage is at least this many intervals without a sample."""
+
+
+def bucket_width(frame: pd.DataFrame) -> pd.Timedelta | None:
+    """The width of ``frame``'s buckets: the query's ``bucket_s``; for rows without it, the smallest step
+    between bucket starts (buckets share one grid, ``date_bin`` from one origin); ``None`` for one bucket."""
+    if "bucket_s" in frame and frame["bucket_s"].notna().any():
+        return pd.Timedelta(microseconds=round(float(frame["bucket_s"].max()) * 1e6))  # date_bin's precision
+    steps = frame["bucket"].drop_duplicates().sort_values().diff().dropna()
+    steps = steps[steps > pd.Timedelta(0)]
+    return None if steps.empty else pd.Timedelta(steps.min())
+
+
+def merge_on_grid(frame: pd.DataFrame, by: Sequence[str], width: pd.Timedelta, factor: int,
+                  how: Mapping[str, str]) -> pd.DataFrame:
+    """``frame`` with every ``factor`` buckets of its grid (``width`` apart, from its first bucket)
+    merged into one that starts where the first of them does. By time, not by count: buckets on
+    either side of an outage are never merged into one."""
+    if factor <= 1:
+        return frame
+    first, wide = frame["bucket"].min(), width * factor
+    merged = frame.assign(bucket=first + (frame["bucket"] - first) // wide * wide)
+    return merged.groupby([*by, "bucket"], as_index=False, sort=True, dropna=False).agg(dict(how))
+
+
+def line_rows(frame: pd.DataFrame, by: Sequence[str], value: str, width: pd.Timedelta) -> pd.DataFrame:
+    """``frame``'s series (named by ``by``) as a step line draws them true to time, with a ``point``
+    column: ``bucket`` for the buckets; ``end``, after each run of buckets closer than
+    :data:`JOIN_BUCKETS` widths, at its last bucket's end with that bucket's value (a step line ends at
+    its last point, so without it the last bucket would not be drawn across its width, and a lone bucket
+    would be an invisible one-point path); ``gap``, with no value, halfway across an outage, where Vega
+    breaks the line."""
+    ordered = frame.sort_values([*by, "bucket"], kind="stable").reset_index(drop=True)
+    series = ordered.groupby(list(by), sort=False, dropna=False).ngroup()
+    new_series = series.ne(series.shift())
+    outage = ordered["bucket"].diff() > width * JOIN_BUCKETS
+    run = (new_series | outage).cumsum()
+    last = run.ne(run.shift(-1))
+    ends = ordered[last].assign(bucket=lambda f: f["bucket"] + width, point="end")
+    followed = last & ~new_series.shift(-1, fill_value=True)
+    gaps = ordered[followed].assign(
+        bucket=ordered.loc[followed, "bucket"] + width
+        + (ordered["bucket"].shift(-1)[followed] - ordered.loc[followed, "bucket"] - width) / 2,
+        point="gap")
+    gaps[value] = float("nan")
+    rows = pd.concat([ordered.assign(point="bucket"), ends, gaps], ignore_index=True)
+    return rows.sort_values([*by, "bucket"], kind="stable").reset_index(drop=True)
+
+
+def fit_line_rows(frame: pd.DataFrame, by: Sequence[str], value: str, width: pd.Timedelta | None, budget: int,
+                  how: Mapping[str, str]) -> pd.DataFrame:
+    """:func:`line_rows` of ``frame`` within ``budget`` rows, neighbouring buckets merged on their grid
+    (:func:`merge_on_grid`) as far as needed, but never to fewer than
+    :data:`~jobsight.dashboard.settings.MIN_SERIES_POINTS` a series (a very large job goes over instead)."""
+    if frame.empty or width is None:
+        return frame.assign(point="bucket")
+    series = frame.groupby(list(by), dropna=False).ngroups
+    slots = int((frame["bucket"].max() - frame["bucket"].min()) / width) + 1
+    # One row a series is its closing ``end``: the buckets get the rest.
+    factor = max(1, math.ceil(slots / max(points_per_series(budget, series, budget) - 1, 1)))
+    while True:
+        rows = line_rows(merge_on_grid(frame, by, width, factor, how), by, value, width * factor)
+        if len(rows) <= budget or math.ceil(slots / (factor + 1)) < MIN_SERIES_POINTS:
+            return rows
+        factor += 1
 
 
 def gpu_frame(series: pd.DataFrame) -> pd.DataFrame:
@@ -140,14 +222,23 @@ def _with_markers(chart: alt.Chart | alt.LayerChart, overlay: alt.LayerChart | N
     return alt.layer(chart, overlay).resolve_scale(color="independent").properties(title=chart.title)
 
 
-def gpu_lines(frame: pd.DataFrame, metric: str, node: str, domain: Domain, overlay: alt.LayerChart | None,
-              budget: int) -> alt.LayerChart | alt.Chart:
-    """One node's GPUs, a line each, within ``budget`` points for the chart."""
-    title, scale = GPU_METRICS[metric]
+def gpu_line_rows(frame: pd.DataFrame, metric: str, node: str, budget: int) -> pd.DataFrame:
+    """What one node's line chart of ``metric`` draws (:func:`fit_line_rows`): ``gpu``, ``bucket``,
+    ``point`` and the metric, within ``budget`` rows."""
     # Memory is the bucket's maximum in the query: merged buckets keep the maximum too.
     merge = "max" if metric == "mem_used_gib" else "mean"
-    shown = fit_lines(frame.loc[frame["node"] == node, ["gpu", "bucket", metric]], ["gpu"], budget, {metric: merge})
-    lines = alt.Chart(shown).mark_line(interpolate="step-after").encode(
+    mine = frame.loc[frame["node"] == node, ["gpu", "bucket", metric]]
+    return fit_line_rows(mine, ["gpu"], metric, bucket_width(frame), budget, {metric: merge})
+
+
+def gpu_lines(frame: pd.DataFrame, metric: str, node: str, domain: Domain, overlay: alt.LayerChart | None,
+              budget: int) -> alt.LayerChart | alt.Chart:
+    """One node's GPUs, a line each, within ``budget`` points for the chart, broken at outages."""
+    title, scale = GPU_METRICS[metric]
+    shown = gpu_line_rows(frame, metric, node, budget)
+    # Vega-Lite's default, named because the outages' gaps rest on it: a path breaks at a row with no value.
+    lines = alt.Chart(shown).mark_line(interpolate="step-after", clip=True,
+                                       invalid="break-paths-show-path-domains").encode(
         x=time_x(domain), y=alt.Y(f"{metric}:Q", title=title, scale=scale),
         color=alt.Color("gpu:N", title="GPU"),
         tooltip=["gpu:N", time_tooltip(), alt.Tooltip(f"{metric}:Q", format=".1f")],
@@ -156,14 +247,12 @@ def gpu_lines(frame: pd.DataFrame, metric: str, node: str, domain: Domain, overl
 
 
 def bucket_ends(frame: pd.DataFrame, domain: Domain) -> pd.Series:
-    """Each row's bucket end: buckets share one grid (``date_bin`` from one origin), so the end is
-    the start plus the grid's step; a lone bucket runs to the end of the domain."""
-    starts = frame["bucket"].drop_duplicates().sort_values()
-    steps = starts.diff().dropna()
-    step = steps[steps > pd.Timedelta(0)].min() if not steps.empty else None
-    if step is None or pd.isna(step):
+    """Each row's bucket end: its start plus the buckets' width (:func:`bucket_width`); a lone bucket
+    of rows that do not say their width runs to the end of the domain."""
+    width = bucket_width(frame)
+    if width is None:
         return pd.Series(pd.Timestamp(domain[1]), index=frame.index)
-    return frame["bucket"] + step
+    return frame["bucket"] + width
 
 
 def gpu_heatmap(frame: pd.DataFrame, domain: Domain) -> alt.Chart:
@@ -172,21 +261,57 @@ def gpu_heatmap(frame: pd.DataFrame, domain: Domain) -> alt.Chart:
     are thinned by Vega when rows are too small to label each one. The x axis is the same time
     scale as every other chart of the page."""
     gpus = frame["gpu"].nunique()
-    row_px = max(3, min(18, 900 // max(gpus, 1)))
     cells = frame[["gpu", "bucket", "util_gpu"]].assign(end=bucket_ends(frame, domain))  # only what is drawn
     order = sorted(frame["gpu"].unique(), key=lambda g: (g.rsplit(":", 1)[0], int(g.rsplit(":", 1)[1] or 0)))
-    return alt.Chart(cells).mark_rect().encode(
+    return alt.Chart(cells).mark_rect(clip=True).encode(
         x=time_x(domain), x2="end:T",
         y=alt.Y("gpu:N", sort=order, title=None, axis=alt.Axis(labelOverlap=True, labelFontSize=9)),
         color=alt.Color("util_gpu:Q", title="util %", scale=alt.Scale(domain=[0, 100], scheme="viridis")),
         tooltip=["gpu:N", time_tooltip(), alt.Tooltip("util_gpu:Q", format=".0f")],
-    ).properties(height=row_px * gpus, title="GPU utilisation, every GPU")
+    ).properties(height=_heatmap_px(gpus), title="GPU utilisation, every GPU")
+
+
+def _duration(seconds: float) -> str:
+    """``15 s``, ``1.5 s``, ``2 min``, ``2.5 h``: a bucket's or an interval's length, as people say it."""
+    for unit, size in (("h", 3600.0), ("min", 60.0)):
+        if seconds >= size:
+            return f"{seconds / size:.3g} {unit}"
+    return f"{seconds:.2g} s" if seconds < 10 else f"{seconds:.3g} s"
+
+
+def sampling_note(frame: pd.DataFrame) -> str | None:
+    """The GPU charts' time resolution in words (the sampling interval the query found, the buckets'
+    width, what a gap means); ``None`` when the rows do not say (a frame without ``bucket_s``)."""
+    width = bucket_width(frame) if "bucket_s" in frame else None
+    if width is None:
+        return None
+    interval = frame["interval_s"].dropna() if "interval_s" in frame else pd.Series(dtype=float)
+    sampled = f"GPUs sampled every {_duration(float(interval.max()))}; " if not interval.empty else ""
+    return (f"{sampled}each cell and point is a {_duration(width.total_seconds())} bucket; a line breaks where no "
+            f"sample came for {JOIN_BUCKETS} buckets or more.")
+
+
+HEATMAP_MIN_PX: Final = 90
+"""The least height of the heatmap's cells: the colour legend beside them needs about this much (Vega
+draws its gradient at least 64 pixels long, under its title), and Streamlit fits the whole chart into
+the height it is given, so two GPUs' 36 pixels of rows were squeezed to a sliver under the legend."""
+
+
+def _heatmap_px(gpus: int) -> int:
+    """Pixels of the heatmap's rows: 18 a GPU, fewer as GPUs grow (so 64-512 stay on one screen), at
+    least 3 a GPU and :data:`HEATMAP_MIN_PX` in all."""
+    return max(HEATMAP_MIN_PX, max(3, min(18, 900 // max(gpus, 1))) * gpus)
+
+
+HEATMAP_FRAME_PX: Final = 120
+"""What the heatmap takes around its rows: title, time axis, padding (118 pixels, measured in Chromium).
+Streamlit fits the whole chart into the height it is given, so this much more than the rows keeps them at
+:func:`_heatmap_px`: 70 more left 16 GPUs' 288 pixels of rows at 241."""
 
 
 def heatmap_height(frame: pd.DataFrame) -> int:
     """Pixels for the heatmap including its axis and title (Streamlit needs it explicitly)."""
-    gpus = frame["gpu"].nunique()
-    return max(3, min(18, 900 // max(gpus, 1))) * gpus + 70
+    return _heatmap_px(frame["gpu"].nunique()) + HEATMAP_FRAME_PX
 
 
 def compares_own_work(steps: pd.DataFrame) -> bool:

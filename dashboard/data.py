@@ -252,11 +252,14 @@ def read_metric_grid(conn: Connection, cluster: str, job_id: str, points: int, m
 @st.cache_data(ttl=TTL, show_spinner=False)
 def _gpu(cluster: str, job_id: str, cells: int, most: int) -> pd.DataFrame:
     return _frame(_read(read_gpu_grid, cluster, job_id, cells, most),
-                  ("node", "gpu_index", "bucket", "util_gpu", "mem_used", "power_w", "temp_c"))
+                  ("node", "gpu_index", "bucket", "bucket_s", "interval_s", "util_gpu", "mem_used", "power_w",
+                   "temp_c"))
 
 
 def gpu_series(ref: JobRef, cells: int, most: int) -> pd.DataFrame:
-    """Per GPU and bucket, with GPUs × buckets within ``cells`` and at most ``most`` buckets a GPU."""
+    """Per GPU and bucket, with GPUs × buckets within ``cells`` and at most ``most`` buckets a GPU; each
+    row with its bucket's width (``bucket_s``, never under the sampling interval) and the interval
+    (``interval_s``)."""
     return _gpu(ref.cluster, ref.job_id, cells, most)
 
 
@@ -448,7 +451,8 @@ def _moment(cluster: str, job_id: str, start: dt.datetime, end: dt.datetime,
                 queries.step_series(conn, cluster, job_id, start=start, end=end, points=points))
 
     gpus, steps = _read(read_both)
-    return (_frame(gpus, ("node", "gpu_index", "bucket", "util_gpu", "mem_used", "power_w", "temp_c")),
+    return (_frame(gpus, ("node", "gpu_index", "bucket", "bucket_s", "interval_s", "util_gpu", "mem_used", "power_w",
+                          "temp_c")),
             _frame(steps, ("rank", "bucket", "duration_s", "steps", "samples", "last_step")))
 
 

@@ -3,8 +3,9 @@
 Identity comes from exactly one place, chosen by ``auth_mode``:
 
 - ``header``: a trusted reverse proxy (Open OnDemand, oauth2-proxy, ...) authenticates the
-  user and sets ``identity_header``. The dashboard must be reachable only through that
-  proxy, which must overwrite the header on every request.
+  user and sets ``identity_header``, overwriting any the browser sent. The header counts only
+  on a connection from one of ``trusted_proxies`` (and with the proxy's shared secret, when
+  one is configured); anyone else gets a refusal page (:mod:`jobsight.dashboard.proxy_trust`).
 - ``oidc``: Streamlit's own login (``st.login``), read back through ``st.user``.
 - ``local``: one local user, an admin, allowed only while the server listens on loopback
   (what ``jobsight up`` does); on any other address the dashboard shows nothing.
@@ -14,14 +15,25 @@ A non-admin sees only jobs whose ``user_name`` is their name; admins see every j
 
 from __future__ import annotations
 
-import ipaddress
+import logging
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import streamlit as st
 
+from jobsight.dashboard.proxy_trust import (
+    NO_FORWARDED_FOR,
+    bind_problem,
+    is_loopback,
+    peer_is_trusted,
+    secret_matches,
+    trusted_networks,
+)
 from jobsight.dashboard.settings import DashboardSettings
+
+log = logging.getLogger("jobsight.dashboard.identity")
 
 LOCAL_USER = "local"
 
@@ -41,22 +53,13 @@ class Viewer:
 
 @dataclass(frozen=True)
 class Refusal:
-    """Why no one is signed in; ``login`` is true when a login button would help."""
+    """Why no one is signed in; ``login`` is true when a login button would help. ``logged`` is
+    the line for the server's log when the request was turned away as untrusted (never a header's
+    value); ``None`` means nothing worth logging happened."""
 
     reason: str
     login: bool = False
-
-
-def is_loopback(address: str | None) -> bool:
-    """True only for an explicit loopback address: an empty address binds every interface."""
-    if not address:
-        return False
-    if address == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(address.strip("[]")).is_loopback
-    except ValueError:
-        return False
+    logged: str | None = None
 
 
 def _is_admin(settings: DashboardSettings, name: str, groups: list[str]) -> bool:
@@ -69,8 +72,13 @@ def resolve_viewer(
     headers: Mapping[str, str],
     user: Mapping[str, Any] | None,
     server_address: str | None,
+    peer: str | None,
+    peer_is_real: bool,
 ) -> Viewer | Refusal:
-    """The viewer for one session from what the request carries; pure, so it is tested directly."""
+    """The viewer for one session from what the request carries; pure, so it is tested directly.
+    ``peer`` is the connection's peer address as ``st.context.ip_address`` gives it (``None`` for
+    loopback); ``peer_is_real`` is false when the server may have replaced it with a client-sent
+    ``X-Forwarded-For``."""
     if settings.auth_mode == "local":
         if not is_loopback(server_address):
             return Refusal(
@@ -79,6 +87,9 @@ def resolve_viewer(
             )
         return Viewer(LOCAL_USER, is_admin=True)
     if settings.auth_mode == "header":
+        untrusted = _untrusted(settings, headers, server_address, peer, peer_is_real)
+        if untrusted is not None:
+            return untrusted
         lowered = {key.lower(): value for key, value in headers.items()}
         name = (lowered.get(settings.identity_header.lower()) or "").strip()
         if not name:
@@ -100,15 +111,48 @@ def resolve_viewer(
     return Viewer(name, _is_admin(settings, name, groups))
 
 
+def _untrusted(settings: DashboardSettings, headers: Mapping[str, str], server_address: str | None,
+               peer: str | None, peer_is_real: bool) -> Refusal | None:
+    """Header mode's refusal of a connection whose header cannot be believed; ``None`` when it can."""
+    problem = bind_problem(settings, server_address)
+    if problem is not None:
+        return Refusal(f"This dashboard refuses to serve: {problem}.", logged=f"refused to serve: {problem}")
+    if not peer_is_real:
+        variable, value = NO_FORWARDED_FOR
+        return Refusal("This dashboard refuses to serve: start it with `jobsight dashboard`, which keeps Streamlit "
+                       "from taking the client's address from X-Forwarded-For.",
+                       logged=f"refused to serve: header mode needs {variable}={value!r} in Streamlit's environment")
+    where, source = ("this host (loopback)", "loopback") if peer is None else (peer, peer)
+    if not peer_is_trusted(peer, trusted_networks(settings)):
+        return Refusal(f"Sign-in refused: this connection comes from {where}, not from the site's login proxy. "
+                       "Open the dashboard through the proxy's address.",
+                       logged=f"refused {settings.identity_header} from {source}: not one of trusted_proxies")
+    secret = settings.proxy_secret
+    if secret is not None and settings.proxy_secret_header is not None:
+        lowered = {key.lower(): value for key, value in headers.items()}
+        if not secret_matches(lowered.get(settings.proxy_secret_header.lower()), secret):
+            return Refusal("Sign-in refused: the request did not come through the site's login proxy.",
+                           logged=f"refused {settings.identity_header} from {source}: "
+                                  f"{settings.proxy_secret_header} missing or wrong")
+    return None
+
+
 def current_viewer(settings: DashboardSettings) -> Viewer | Refusal:
     """The viewer of this Streamlit session."""
     headers: Mapping[str, str] = {}
     user: Mapping[str, Any] | None = None
+    peer: str | None = None
     if settings.auth_mode == "header":
         headers = st.context.headers.to_dict()
+        peer = st.context.ip_address
     elif settings.auth_mode == "oidc":
         user = st.user.to_dict()
-    return resolve_viewer(settings, headers=headers, user=user, server_address=st.get_option("server.address"))
+    variable, value = NO_FORWARDED_FOR
+    return resolve_viewer(settings, headers=headers, user=user, server_address=st.get_option("server.address"),
+                          peer=peer, peer_is_real=os.environ.get(variable) == value)
+
+
+_LOGGED = "_jobsight_refusal_logged"
 
 
 def viewer_or_stop(settings: DashboardSettings) -> Viewer:
@@ -116,6 +160,13 @@ def viewer_or_stop(settings: DashboardSettings) -> Viewer:
     found = current_viewer(settings)
     if isinstance(found, Viewer):
         return found
+    if found.logged is not None:
+        # Once per session: the app and its page both ask, and a refused browser may keep reloading.
+        if st.session_state.get(_LOGGED) != found.logged:
+            st.session_state[_LOGGED] = found.logged
+            log.warning("%s", found.logged)
+        st.error(found.reason)
+        st.stop()
     st.warning(found.reason)
     if found.login:
         st.button("Log in", on_click=st.login, type="primary")

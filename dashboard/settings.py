@@ -7,14 +7,17 @@ reads; ``jobsight up`` sets it for the dashboard process.
 
 from __future__ import annotations
 
-from typing import Annotated, Any, ClassVar, Literal
+import ipaddress
+from pathlib import Path
+from typing import Annotated, Any, ClassVar, Literal, Self
 
-from pydantic import Field, ValidationError, field_validator
+from pydantic import Field, PrivateAttr, ValidationError, field_validator, model_validator
 from pydantic_settings import NoDecode, SettingsConfigDict
 
 from jobsight.collector.settings import SettingsError, TomlTableSettings, validation_message
 
 CommaList = Annotated[tuple[str, ...], NoDecode]
+ProxyNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 
 
 class DashboardSettings(TomlTableSettings):
@@ -29,6 +32,16 @@ class DashboardSettings(TomlTableSettings):
     """Header the trusted proxy sets to the authenticated user name (header mode)."""
     groups_header: str | None = None
     """Header carrying the user's groups, comma separated; ``None`` means groups are not used."""
+    trusted_proxies: Annotated[tuple[ProxyNetwork, ...], NoDecode] | None = None
+    """Addresses and CIDRs (comma separated) of the proxies whose ``identity_header`` is believed
+    (header mode); a request from any other peer is refused. ``None`` means loopback only
+    (127.0.0.0/8 and ::1), and then header mode will not listen off loopback."""
+    proxy_secret_header: str | None = None
+    """Header the proxy adds with the secret of ``proxy_secret_file``, for a proxy whose address
+    others share (another host, behind NAT); ``None`` means no secret is asked for."""
+    proxy_secret_file: Path | None = None
+    """File holding that secret (read whenever the settings load, surrounding whitespace ignored);
+    set with ``proxy_secret_header`` or not at all."""
     admin_users: CommaList = ()
     admin_groups: CommaList = ()
     oidc_user_claim: str = "preferred_username"
@@ -58,6 +71,43 @@ class DashboardSettings(TomlTableSettings):
         if isinstance(value, str):
             return tuple(part.strip() for part in value.split(",") if part.strip())
         return value
+
+    @field_validator("trusted_proxies", mode="before")
+    @classmethod
+    def _networks(cls, value: Any) -> Any:
+        parts = [p.strip() for p in value.split(",") if p.strip()] if isinstance(value, str) else value
+        if not isinstance(parts, list | tuple):
+            return value
+        try:
+            # strict=False: "10.1.2.3/8" means the network 10.0.0.0/8, as proxy allow-lists write it
+            return tuple(ipaddress.ip_network(str(part), strict=False) for part in parts)
+        except ValueError as exc:
+            raise ValueError(f"not an IP address or network: {exc}") from exc
+
+    _proxy_secret: bytes | None = PrivateAttr(None)
+
+    @model_validator(mode="after")
+    def _read_proxy_secret(self) -> Self:
+        # SettingsError, not ValueError: pydantic passes it through untouched, so the message names
+        # the variable rather than the model (and never quotes the file's content).
+        if (self.proxy_secret_header is None) != (self.proxy_secret_file is None):
+            raise SettingsError("JOBSIGHT_DASHBOARD_PROXY_SECRET_HEADER and JOBSIGHT_DASHBOARD_PROXY_SECRET_FILE go "
+                                "together: set both or neither")
+        if self.proxy_secret_file is not None:
+            try:
+                secret = self.proxy_secret_file.read_bytes().strip()
+            except OSError as exc:
+                raise SettingsError(f"JOBSIGHT_DASHBOARD_PROXY_SECRET_FILE: cannot read {self.proxy_secret_file}: "
+                                    f"{exc.strerror}") from exc
+            if not secret:
+                raise SettingsError(f"JOBSIGHT_DASHBOARD_PROXY_SECRET_FILE: {self.proxy_secret_file} is empty")
+            self._proxy_secret = secret
+        return self
+
+    @property
+    def proxy_secret(self) -> bytes | None:
+        """The proxy's shared secret; ``None`` when none is configured."""
+        return self._proxy_secret
 
 
 MIN_SERIES_POINTS = 8

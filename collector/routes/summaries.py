@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from typing import Any
-from urllib.parse import urlencode
 
 from fastapi import APIRouter
 
@@ -11,6 +10,7 @@ from jobsight.collector import summaries
 from jobsight.collector.db import unit_of_work
 from jobsight.collector.deps import Pool, Settings
 from jobsight.collector.job_access import AuthorizedJob, job_not_found
+from jobsight.protocol import links
 
 router = APIRouter(prefix="/v1/jobs", tags=["read"])
 
@@ -19,10 +19,11 @@ router = APIRouter(prefix="/v1/jobs", tags=["read"])
 def get_summary(job: AuthorizedJob, pool: Pool, settings: Settings) -> dict[str, Any]:
     """The stored summary of an ended job (``final: true``), or one computed now from the
     rows so far for a job still running (``final: false``, not stored), with the link to
-    the job's dashboard page."""
+    the job's dashboard page (``dashboard_url``) and the dashboard's public URL
+    (``dashboard_base_url``), under which ``jobsight report`` builds its other links."""
     # Not ReadableJob: a stored summary answers on its own, whatever the jobs table holds;
     # only a job with neither a stored nor a live summary is unknown (404).
-    link = f"{settings.dashboard_url.rstrip('/')}/job?{urlencode({'cluster': job.cluster, 'job': job.job_id})}"
+    link = links.job_link(job.cluster, job.job_id, base=settings.dashboard_url)
     with unit_of_work(pool) as conn:
         stored = summaries.get_summary(conn, job.cluster, job.job_id)
         live = summaries.compute_summary(conn, job.cluster, job.job_id) if stored is None else None
@@ -35,4 +36,5 @@ def get_summary(job: AuthorizedJob, pool: Pool, settings: Settings) -> dict[str,
         "computed_at": stored["computed_at"] if stored is not None else None,
         "summary": stored["summary"] if stored is not None else live,
         "dashboard_url": link,
+        "dashboard_base_url": settings.dashboard_url,
     }

@@ -8,9 +8,10 @@ import datetime as dt
 import pandas as pd
 import streamlit as st
 
-from jobsight.dashboard import data
+from jobsight.dashboard import data, url_state
 from jobsight.dashboard.identity import viewer_or_stop
 from jobsight.dashboard.settings import load_dashboard_settings
+from jobsight.dashboard.url_state import Param
 from jobsight.dashboard.views.job_health import RULE_LABEL, SEVERITY_MARK, SEVERITY_ORDER, moment_of, moment_url
 from jobsight.protocol.health import RULES
 
@@ -21,10 +22,17 @@ if not viewer.is_admin:
     st.error("The Attention view is for admins only.")
     st.stop()
 
+RULE_OPTIONS = ["any", *RULES]
+SEVERITY_OPTIONS = ["any", *SEVERITY_ORDER]
+# The filters in the address: /attention?rule=hung_rank&severity=critical (left out at "any").
+FILTERS = [Param("rule", "attention_rule", "any", url_state.choice(RULE_OPTIONS)),
+           Param("severity", "attention_severity", "any", url_state.choice(SEVERITY_OPTIONS))]
+url_state.restore(FILTERS)
 cells = st.columns(2)
-rule = cells[0].selectbox("Rule", ["any", *RULES], key="attention_rule",
+rule = cells[0].selectbox("Rule", RULE_OPTIONS, key="attention_rule",
                           format_func=lambda r: r if r == "any" else f"{RULE_LABEL.get(r, r)} ({r})")
-severity = cells[1].selectbox("Severity", ["any", *SEVERITY_ORDER], key="attention_severity")
+severity = cells[1].selectbox("Severity", SEVERITY_OPTIONS, key="attention_severity")
+url_state.store(FILTERS)
 
 
 def _table(frame: pd.DataFrame) -> pd.DataFrame:

@@ -4,14 +4,15 @@ allocations; energy and its share; the daily trend; every table as CSV."""
 from __future__ import annotations
 
 import datetime as dt
-from urllib.parse import urlencode
 
 import pandas as pd
 import streamlit as st
 
-from jobsight.dashboard import charts, data
+from jobsight.dashboard import charts, data, url_state
 from jobsight.dashboard.identity import viewer_or_stop
 from jobsight.dashboard.settings import load_dashboard_settings
+from jobsight.dashboard.url_state import Param
+from jobsight.protocol import links
 
 settings = load_dashboard_settings()
 viewer = viewer_or_stop(settings)
@@ -21,11 +22,21 @@ if not viewer.is_admin:
     st.stop()
 
 today = dt.datetime.now(dt.UTC).date()
+# The period and thresholds in the address: /audit?from=2024-03-04&to=2024-03-05&low=30&idle=5 (the
+# days always, so that a copied address keeps its period; a threshold only when not the setting's).
+PARAMS = [
+    Param(links.FROM, "audit_from", today - dt.timedelta(days=6), url_state.day, url_state.day_text, always=True),
+    Param(links.TO, "audit_to", today, url_state.day, url_state.day_text, always=True),
+    Param("low", "audit_low", settings.low_util_percent, url_state.percent, url_state.percent_text),
+    Param("idle", "audit_idle", settings.idle_util_percent, url_state.percent, url_state.percent_text),
+]
+url_state.restore(PARAMS)
 cells = st.columns(4)
-first_day = cells[0].date_input("From (UTC)", today - dt.timedelta(days=6), key="audit_from")
-last_day = cells[1].date_input("To (UTC, inclusive)", today, key="audit_to")
-low = cells[2].number_input("Low utilisation below (%)", 0.0, 100.0, settings.low_util_percent, 5.0, key="audit_low")
-idle = cells[3].number_input("Idle below (%)", 0.0, 100.0, settings.idle_util_percent, 1.0, key="audit_idle")
+first_day = cells[0].date_input("From (UTC)", key="audit_from")
+last_day = cells[1].date_input("To (UTC, inclusive)", key="audit_to")
+low = cells[2].number_input("Low utilisation below (%)", 0.0, 100.0, step=5.0, key="audit_low")
+idle = cells[3].number_input("Idle below (%)", 0.0, 100.0, step=1.0, key="audit_idle")
+url_state.store(PARAMS)
 if last_day < first_day:
     st.error("The period ends before it starts.")
     st.stop()
@@ -49,7 +60,7 @@ st.caption("GPU-hours count each job's allocated GPUs over the part of its run i
 period = f"{first_day:%Y%m%d}-{last_day:%Y%m%d}"
 
 
-def _table(frame: pd.DataFrame, name: str, *, links: bool = False) -> None:
+def _table(frame: pd.DataFrame, name: str, *, job_links: bool = False) -> None:
     if frame.empty:
         st.info("Nothing in this period.")
         return
@@ -63,9 +74,8 @@ def _table(frame: pd.DataFrame, name: str, *, links: bool = False) -> None:
     if "running_jobs" in shown:
         shown.insert(shown.columns.get_loc("energy_kwh") + 1, "energy note",
                      ["≥ still growing" if n else "" for n in shown["running_jobs"]])
-    if links:
-        shown.insert(0, "open", [f"job?{urlencode({'cluster': c, 'job': j})}"
-                                 for c, j in zip(shown["cluster"], shown["job_id"], strict=True)])
+    if job_links:
+        shown.insert(0, "open", [links.job_link(c, j) for c, j in zip(shown["cluster"], shown["job_id"], strict=True)])
         config["open"] = st.column_config.LinkColumn("open", display_text="open")
     st.dataframe(shown, hide_index=True, width="stretch", column_config=config)
     st.download_button(f"CSV: {name}", frame.to_csv(index=False).encode(), file_name=f"jobsight-{name}-{period}.csv",
@@ -82,9 +92,9 @@ for tab, (group, label) in zip(st.tabs(["By user", "By account", "By partition"]
 st.subheader("Idle and low-utilisation allocations")
 idle_tab, low_tab = st.tabs([f"Idle (< {idle:.0f} %)", f"Low (< {low:.0f} %)"])
 with idle_tab:
-    _table(report["idle"], "idle", links=True)
+    _table(report["idle"], "idle", job_links=True)
 with low_tab:
-    _table(report["low"], "low-utilisation", links=True)
+    _table(report["low"], "low-utilisation", job_links=True)
 
 st.subheader("Trend")
 trend = report["trend"]

@@ -16,13 +16,14 @@ from jobsight.dashboard import charts, data, job_facts
 from jobsight.dashboard.identity import viewer_or_stop
 from jobsight.dashboard.settings import load_dashboard_settings
 from jobsight.dashboard.views import job_epochs, job_health
-from jobsight.protocol import diagnosis
+from jobsight.protocol import diagnosis, links
 
 settings = load_dashboard_settings()
 viewer = viewer_or_stop(settings)
 
-cluster = st.query_params.get("cluster") or settings.cluster or "default"
-job_id = st.query_params.get("job")
+# The address: job?cluster=…&job=…&t=… (links.job_link; ``t`` is read by job_health.show).
+cluster = st.query_params.get(links.CLUSTER) or settings.cluster or "default"
+job_id = st.query_params.get(links.JOB)
 if not job_id:
     st.title("Job")
     recent, _ = data.jobs(viewer, cluster=settings.cluster, limit=50)
@@ -34,7 +35,7 @@ if not job_id:
     if choice is None:
         st.stop()
     cluster, job_id = labels[choice]
-    st.query_params.update(cluster=cluster, job=job_id)
+    st.query_params.update(links.job_query(cluster, job_id))
 
 access = data.open_job(viewer, cluster, job_id)
 if access.ref is None or access.job is None:
@@ -92,6 +93,8 @@ def gpus() -> None:
     frame = charts.gpu_frame(series)
     overlay = charts.marker_layer(data.markers(ref), domain)
     st.altair_chart(charts.gpu_heatmap(frame, domain), width="stretch", height=charts.heatmap_height(frame))
+    if note := charts.sampling_note(frame):
+        st.caption(note)
     nodes = sorted(frame["node"].dropna().unique())
     shown = st.multiselect("Nodes", nodes, default=nodes[:2], key="job_nodes")
     # Lazy tabs: only the open tab's charts are built and sent; the others are drawn when opened.

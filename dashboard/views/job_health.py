@@ -2,9 +2,10 @@
 
 On the job page: a banner of the job's open findings (most severe first; critical as an error,
 warning as a warning, info as a note), each with its evidence and a link to its moment in the
-timeline; the resolved ones in a collapsed "History". The link opens the job page with ``at``
-(:data:`MOMENT_PARAM`) set, and the page then shows every GPU and rank over the minutes around
-that moment (:func:`show` draws that too), while the charts further down keep the whole run.
+timeline; the resolved ones in a collapsed "History". The link opens the job page with ``t``
+(:data:`MOMENT_PARAM`, see :mod:`jobsight.protocol.links`) set, and the page then scrolls to a
+view of every GPU and rank over the minutes around that moment, marked with a red rule
+(:func:`show` draws that too), while the charts further down keep the whole run.
 
 Not a page of its own: :mod:`jobsight.dashboard.views.job` calls :func:`show`; the jobs list and
 the Attention page use :func:`health_cell`, :func:`mark` and :func:`moment_url`.
@@ -15,7 +16,6 @@ from __future__ import annotations
 import datetime as dt
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Final
-from urllib.parse import urlencode
 
 import altair as alt
 import pandas as pd
@@ -23,11 +23,35 @@ import streamlit as st
 
 from jobsight.dashboard import charts, data
 from jobsight.dashboard.settings import load_dashboard_settings, points_per_series
+from jobsight.protocol import links
 
 JOB_PAGE: Final = "views/job.py"
 """The job page as ``st.page_link`` names it (relative to the app's main script)."""
-MOMENT_PARAM: Final = "at"
-"""The job page's query parameter holding the moment a finding points at (ISO 8601, UTC)."""
+MOMENT_PARAM: Final = links.MOMENT
+"""The job page's query parameter holding the moment to show (ISO 8601, UTC)."""
+MOMENT_ANCHOR: Final = "moment"
+"""The id of the window's heading, which the page scrolls to."""
+_SCROLLED: Final = "_job_moment_scrolled"
+"""Session state: the ``t`` the page last scrolled to, so that a rerun leaves the reader's scrolling alone."""
+# Scrolls the window's heading to the top of the view. The page is still growing below it when this
+# runs (the charts come later), and a short page cannot scroll that far yet: it tries again as the
+# page grows, for a few seconds, and stops as soon as the reader scrolls, clicks or types.
+_SCROLL_SCRIPT: Final = """<script>
+(() => {
+  const EVENTS = ["wheel", "touchstart", "keydown", "mousedown"];
+  let tries = 0;
+  let timer = 0;
+  const stop = () => { clearInterval(timer); for (const e of EVENTS) window.removeEventListener(e, stop, true); };
+  timer = setInterval(() => {
+    const target = document.getElementById("ANCHOR");
+    if (++tries > 60) { stop(); return; }
+    if (!target) return;
+    target.style.scrollMarginTop = "4rem";
+    if (Math.abs(target.getBoundingClientRect().top - 64) > 8) target.scrollIntoView({block: "start"});
+  }, 250);
+  for (const e of EVENTS) window.addEventListener(e, stop, true);
+})();
+</script>""".replace("ANCHOR", MOMENT_ANCHOR)
 MOMENT_BEFORE: Final = dt.timedelta(minutes=10)
 MOMENT_AFTER: Final = dt.timedelta(minutes=10)
 """The window shown around a moment: a hung rank's moment is its last step, so what led up to it
@@ -59,36 +83,17 @@ def health_cell(open_findings: list[dict[str, Any]]) -> str:
 
 
 def moment_of(finding: Mapping[str, Any]) -> dt.datetime:
-    """The moment a finding points at: ``at_ts`` (a hung rank's last step), else when it opened."""
+    """The moment a finding points at (:func:`jobsight.protocol.links.finding_moment`)."""
     at = finding.get("at_ts")
     # A row of a data frame holds NaT for a missing time, and NaT is truthy.
-    moment: dt.datetime = at if at is not None and not pd.isna(at) else finding["opened_at"]
-    return moment.astimezone(dt.UTC)
-
-
-def _iso(moment: dt.datetime) -> str:
-    return moment.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def moment_query(cluster: str, job_id: str, moment: dt.datetime) -> dict[str, str]:
-    """The job page's query parameters that open it at ``moment``."""
-    return {"cluster": cluster, "job": job_id, MOMENT_PARAM: _iso(moment)}
+    moment = links.finding_moment(None if at is None or pd.isna(at) else at, finding["opened_at"])
+    assert moment is not None  # every finding has opened_at
+    return moment
 
 
 def moment_url(cluster: str, job_id: str, moment: dt.datetime) -> str:
     """A relative link (as the jobs list's) to the job page at ``moment``."""
-    return "job?" + urlencode(moment_query(cluster, job_id, moment), safe=":")  # a readable time
-
-
-def parse_moment(text: str | None) -> dt.datetime | None:
-    """The moment of an ``at`` parameter; ``None`` when absent or not a time (a hand-edited link)."""
-    if not text:
-        return None
-    try:
-        moment = dt.datetime.fromisoformat(text)
-    except ValueError:
-        return None
-    return moment.replace(tzinfo=dt.UTC) if moment.tzinfo is None else moment.astimezone(dt.UTC)
+    return links.job_link(cluster, job_id, moment)
 
 
 def _value_text(key: str, value: Any) -> str:
@@ -130,7 +135,7 @@ def _finding(ref: data.JobRef, finding: Mapping[str, Any]) -> None:
     moment = moment_of(finding)
     left, right = st.columns([1, 2])
     left.page_link(JOB_PAGE, label=f"Show {moment:%H:%M:%S} UTC in the timeline", icon=":material/timeline:",
-                   query_params=moment_query(ref.cluster, ref.job_id, moment))
+                   query_params=links.job_query(ref.cluster, ref.job_id, moment))
     with right.expander("Evidence"):
         st.dataframe(evidence_table(finding["evidence"]), hide_index=True, width="stretch")
 
@@ -169,17 +174,22 @@ def _window(job: Mapping[str, Any], moment: dt.datetime) -> charts.Domain:
     return start, max(end, start + dt.timedelta(minutes=1))
 
 
-def _moment(ref: data.JobRef, job: Mapping[str, Any], moment: dt.datetime) -> None:
+def _moment(ref: data.JobRef, job: Mapping[str, Any], moment: dt.datetime, text: str) -> None:
     settings = load_dashboard_settings()
     domain = _window(job, moment)
-    st.subheader(f"Around {moment:%Y-%m-%d %H:%M:%S} UTC")
-    st.caption(f"Every GPU and rank from {domain[0]:%H:%M:%S} to {domain[1]:%H:%M:%S} UTC; the red line is the "
-               "moment the finding points at. The charts further down show the whole run.")
+    st.subheader(f"Around {moment:%Y-%m-%d %H:%M:%S} UTC", anchor=MOMENT_ANCHOR)
+    # Always this one slot, filled only once per moment: the elements below keep their places on reruns.
+    scroll = st.empty()
+    if st.session_state.get(_SCROLLED) != text:
+        st.session_state[_SCROLLED] = text
+        scroll.html(_SCROLL_SCRIPT, unsafe_allow_javascript=True)
+    st.caption(f"Every GPU and rank from {domain[0]:%H:%M:%S} to {domain[1]:%H:%M:%S} UTC; the red line marks "
+               "the moment the page was opened at. The charts further down show the whole run.")
     series = len(job.get("gpus") or []) or int(job.get("gpu_count") or 0) or 1
     gpus, steps = data.moment(ref, domain[0], domain[1], points_per_series(settings.heatmap_cells, series,
                                                                            MOMENT_POINTS))
     rule = alt.Chart(pd.DataFrame({"at": [pd.Timestamp(moment)]})).mark_rule(color="#e45756", strokeWidth=2).encode(
-        x=charts.time_x(domain, "at"), tooltip=[charts.time_tooltip("at", "finding")])
+        x=charts.time_x(domain, "at"), tooltip=[charts.time_tooltip("at", "moment")])
     if not gpus.empty:
         frame = charts.gpu_frame(gpus)
         st.altair_chart(alt.layer(charts.gpu_heatmap(frame, domain), rule), width="stretch",
@@ -190,16 +200,18 @@ def _moment(ref: data.JobRef, job: Mapping[str, Any], moment: dt.datetime) -> No
     if gpus.empty and steps.empty:
         st.info("No GPU samples or steps of this job around this moment.")
     st.page_link(JOB_PAGE, label="Hide this window", icon=":material/close:",
-                 query_params={"cluster": ref.cluster, "job": ref.job_id})
+                 query_params=links.job_query(ref.cluster, ref.job_id))
 
 
 def show(ref: data.JobRef, job: Mapping[str, Any], running: bool, every: dt.timedelta | None) -> None:
     """The banner, redrawn every ``every`` while the job runs (``None``: drawn once), then the
-    window around the moment the page was opened at, if a finding's link opened it."""
+    window around the moment the page was opened at (``t``), scrolled to, if a link named one."""
     st.fragment(_banner, run_every=every)(ref)
     text = st.query_params.get(MOMENT_PARAM)
-    moment = parse_moment(text)
-    if moment is not None:
-        _moment(ref, job, moment)
-    elif text:
+    moment = links.parse_moment(text)
+    if moment is not None and text is not None:
+        _moment(ref, job, moment, text)
+        return
+    st.session_state.pop(_SCROLLED, None)
+    if text:
         st.caption(f"The link's moment {text!r} is not a time; showing the whole run.")

@@ -3,34 +3,52 @@
 from __future__ import annotations
 
 import datetime as dt
-from urllib.parse import urlencode
 
 import pandas as pd
 import streamlit as st
 
-from jobsight.dashboard import data
+from jobsight.dashboard import data, url_state
 from jobsight.dashboard.identity import viewer_or_stop
 from jobsight.dashboard.settings import load_dashboard_settings
+from jobsight.dashboard.url_state import Param
 from jobsight.dashboard.views.job_health import health_cell
+from jobsight.protocol import links
 
 settings = load_dashboard_settings()
 viewer = viewer_or_stop(settings)
 
 RANGES = {"last 24 hours": dt.timedelta(days=1), "last 7 days": dt.timedelta(days=7),
           "last 30 days": dt.timedelta(days=30), "all time": None}
+RANGE_TOKENS = {"1d": "last 24 hours", "7d": "last 7 days", "30d": "last 30 days", "all": "all time"}
 STATES = ["any", "running", "completed", "failed", "cancelled", "timeout", "node_fail"]
+# The filters in the address: /jobs?user=bob&state=failed&partition=gpu&range=30d&below=10
+# (each left out at its default). ``user`` is an admin's filter only.
+FILTERS = [
+    Param("state", "jobs_state", "any", url_state.choice(STATES)),
+    Param("partition", "jobs_partition", "", str),
+    Param("range", "jobs_range", "last 7 days", url_state.token_choice(RANGE_TOKENS),
+          url_state.token_text(RANGE_TOKENS)),
+    Param("below", "jobs_below", None, url_state.percent, url_state.percent_text),
+]
+if viewer.is_admin:
+    FILTERS.insert(0, Param("user", "jobs_user", "", str))
+elif "user" in st.query_params:
+    del st.query_params["user"]  # an admin's link opened by a user: their own jobs, and the address says so
 
 st.title("Jobs" if viewer.is_admin else f"Jobs of {viewer.name}")
 
+url_state.restore(FILTERS)
 columns = st.columns(5 if viewer.is_admin else 4)
 user = None
 if viewer.is_admin:
     user = columns.pop(0).text_input("User", key="jobs_user").strip() or None
 state = columns[0].selectbox("State", STATES, key="jobs_state")
 partition = columns[1].text_input("Partition", key="jobs_partition").strip() or None
-period = columns[2].selectbox("Time range", list(RANGES), index=1, key="jobs_range")
-below = columns[3].number_input("Mean GPU util below (%)", min_value=0.0, max_value=100.0, value=None,
-                                step=5.0, key="jobs_below", help="Only finished jobs have a mean utilisation.")
+period = columns[2].selectbox("Time range", list(RANGES), key="jobs_range")
+# value=None: the filter may be empty (its state comes from the address, see url_state).
+below = columns[3].number_input("Mean GPU util below (%)", min_value=0.0, max_value=100.0, value=None, step=5.0,
+                                key="jobs_below", help="Only finished jobs have a mean utilisation.")
+url_state.store(FILTERS)
 
 span = RANGES[period]
 frame, total = data.jobs(
@@ -45,8 +63,7 @@ if frame.empty:
 now = pd.Timestamp.now(tz="UTC")
 health = data.open_findings_by_job(viewer, frame)  # one query for the rows shown
 table = pd.DataFrame({
-    "open": [f"job?{urlencode({'cluster': c, 'job': j})}"
-             for c, j in zip(frame["cluster"], frame["job_id"], strict=True)],
+    "open": [links.job_link(c, j) for c, j in zip(frame["cluster"], frame["job_id"], strict=True)],
     "job": frame["job_id"],
     "user": frame["user_name"],
     "name": frame["name"],

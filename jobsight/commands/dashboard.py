@@ -1,6 +1,8 @@
 """``jobsight dashboard``: the Streamlit dashboard, from wherever jobsight is installed.
 
-Streamlit runs the app as a script by path, so users need not know where pip put it.
+Streamlit runs the app as a script by path, so users need not know where pip put it. The settings
+are checked before Streamlit starts, so a dashboard that would trust anyone's identity header never
+listens at all.
 """
 
 from __future__ import annotations
@@ -8,9 +10,14 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 
 import jobsight.dashboard
+from jobsight.cli import CliError
+from jobsight.collector.settings import SettingsError
+from jobsight.dashboard.proxy_trust import NO_FORWARDED_FOR, bind_problem
+from jobsight.dashboard.settings import DashboardSettings, load_dashboard_settings
 
 APP = Path(jobsight.dashboard.__file__).resolve().parent / "app.py"
 
@@ -27,11 +34,33 @@ def streamlit_argv(host: str, port: int) -> list[str]:
     ]
 
 
+def streamlit_env(base: Mapping[str, str]) -> dict[str, str]:
+    """``base`` for the Streamlit process, with the peer address left as the connection's own (see
+    :data:`~jobsight.dashboard.proxy_trust.NO_FORWARDED_FOR`): header mode trusts by that address."""
+    variable, value = NO_FORWARDED_FOR
+    return {**base, variable: value}
+
+
+def checked_settings(host: str) -> DashboardSettings:
+    """The dashboard's settings, when it may listen on ``host`` with them; otherwise a one-line
+    :class:`CliError` naming what to set."""
+    try:
+        settings = load_dashboard_settings()
+    except SettingsError as exc:
+        raise CliError(str(exc)) from exc
+    problem = bind_problem(settings, host)
+    if problem is not None:
+        raise CliError(f"refusing to start: {problem}")
+    return settings
+
+
 def configure_parser(name: str, parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", default="127.0.0.1", help="listen address (default 127.0.0.1)")
     parser.add_argument("--port", type=int, default=8501, help="listen port (default 8501)")
 
 
 def run(name: str, args: argparse.Namespace) -> int:
+    checked_settings(args.host)
     argv = streamlit_argv(args.host, args.port)
-    os.execv(argv[0], argv)  # the dashboard replaces this process, so signals reach Streamlit directly
+    # The dashboard replaces this process, so signals reach Streamlit directly.
+    os.execve(argv[0], argv, streamlit_env(os.environ))

@@ -5,6 +5,10 @@ the agent settings (``JOBSIGHT_TOKEN``, ``JOBSIGHT_TOKEN_FILE``, or the local ad
 token when the collector is on loopback): inside a job, the task prolog's job token
 reads that job. Standard library only. Problems are one line on stderr (exit 1 for
 an unreachable collector or an unknown job, 2 for a refused token).
+
+The dashboard links (the job's page, each finding's moment on it, the audit of the job's days)
+are built by :mod:`jobsight.protocol.links` under the dashboard's public URL, which the
+collector's summary answer gives (``JOBSIGHT_DASHBOARD_URL`` on the collector's side).
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from urllib.parse import quote
 from jobsight.agent.settings import AgentSettings, load_agent_settings
 from jobsight.agent.shipping.client import CollectorClient
 from jobsight.cli import CliError
+from jobsight.protocol import links
 
 TIMEOUT_S: Final = 10.0
 WIDTH: Final = 72
@@ -119,6 +124,15 @@ def _time(value: Any) -> str:
         return str(value)
 
 
+def _audit_days(job: dict[str, Any]) -> tuple[dt.date, dt.date] | None:
+    """The UTC days the job ran on (to today for a running job); ``None`` when its start is unknown."""
+    start = links.parse_moment(str(job["start_time"])) if job.get("start_time") else None
+    if start is None:
+        return None
+    end = links.parse_moment(str(job["end_time"])) if job.get("end_time") else None
+    return start.date(), (end or dt.datetime.now(dt.UTC)).date()
+
+
 def _heading(title: str) -> list[str]:
     return ["", f"{title:^{WIDTH}}", "=" * WIDTH]
 
@@ -192,6 +206,8 @@ def format_report(job: dict[str, Any], answer: dict[str, Any]) -> str:
         lines.append(f"  Training: {steps.get('count')} steps at {rate}"
                      + (f"; first step done {first:.1f} s after the job started" if first is not None else ""))
 
+    base = answer.get("dashboard_base_url")  # absent from an older collector's answer: no links built here
+    cluster, job_id = str(job.get("cluster") or answer.get("cluster") or ""), str(job.get("job_id") or "")
     findings = answer.get("findings") or []
     if findings:
         lines += _heading("Health")
@@ -200,6 +216,9 @@ def format_report(job: dict[str, Any], answer: dict[str, Any]) -> str:
                     + (f", resolved {_time(finding.get('resolved_at'))}" if finding.get("resolved_at") else ", open"))
             lines.append(f"  * [{finding.get('severity')}] {finding.get('title')} ({finding.get('rule')}; {when})")
             lines.append(f"      {finding.get('message')}")
+            moment = links.finding_moment(finding.get("at_ts"), finding.get("opened_at"))
+            if base and moment is not None:
+                lines.append(f"      {links.job_link(cluster, job_id, moment, base=base)}")
 
     lines += _heading("Notes")
     thresholds = summary.get("thresholds") or {}
@@ -214,6 +233,9 @@ def format_report(job: dict[str, Any], answer: dict[str, Any]) -> str:
         lines.append("  * No efficiency problems found.")
     if answer.get("dashboard_url"):
         lines.append(f"  * Dashboard: {answer['dashboard_url']}")
+    days = _audit_days(job)
+    if base and days is not None:
+        lines.append(f"  * Audit of the days it ran (admins): {links.audit_link(*days, base=base)}")
     return "\n".join(lines) + "\n"
 
 

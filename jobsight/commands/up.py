@@ -28,9 +28,10 @@ from urllib.parse import urlencode
 
 from jobsight.cli import CliError
 from jobsight.collector.settings import CollectorSettings, SettingsError
-from jobsight.commands.dashboard import streamlit_argv
+from jobsight.commands.dashboard import checked_settings, streamlit_argv, streamlit_env
 from jobsight.commands.demo_settings import DemoSettings, load_demo_settings
 from jobsight.commands.server import load_settings
+from jobsight.protocol import links
 
 log = logging.getLogger("jobsight.up")
 
@@ -55,7 +56,10 @@ def run(name: str, args: argparse.Namespace) -> int:
             demo = load_demo_settings()
         except SettingsError as exc:
             raise CliError(str(exc)) from exc
-    return run_up(load_settings(), args, demo)
+    settings = load_settings()
+    if not args.no_dashboard:
+        checked_settings(settings.host)  # before anything starts: header mode off loopback must name its proxies
+    return run_up(settings, args, demo)
 
 
 def _tail(path: Path, lines: int = 15) -> str:
@@ -209,13 +213,13 @@ def run_up(settings: CollectorSettings, args: argparse.Namespace, demo: DemoSett
         stack.spawn("collector", [sys.executable, "-m", "jobsight", "collector"], env)
         _wait_ready(stack, f"{collector_url}/readyz")
         if not args.no_dashboard:
-            stack.spawn("dashboard", streamlit_argv(settings.host, settings.dashboard_port), env)
+            stack.spawn("dashboard", streamlit_argv(settings.host, settings.dashboard_port), streamlit_env(env))
             _wait_ready(stack, f"{dashboard_url}/_stcore/health")
 
         def job_url(cluster: str, job: str) -> str:
             if args.no_dashboard:
                 return f"{collector_url}/v1/jobs/{job}?{urlencode({'cluster': cluster})}"
-            return f"{dashboard_url}/job?{urlencode({'cluster': cluster, 'job': job})}"
+            return links.job_link(cluster, job, base=dashboard_url)
 
         if demo is not None:
             from jobsight.commands.demo_cluster import job_id_at
@@ -232,7 +236,8 @@ def run_up(settings: CollectorSettings, args: argparse.Namespace, demo: DemoSett
                 f"demo job     {job_url(settings.cluster, demo_job)}  (a real CPU training run, Lightning)",
                 f"simulated    {job_url(CLUSTER, simulated)}  (2 nodes × 8 simulated GPUs; rank 11 falls behind, "
                 "then hangs)",
-                _history_line(history, demo.history_days, None if args.no_dashboard else f"{dashboard_url}/audit"),
+                _history_line(history, demo.history_days,
+                              None if args.no_dashboard else links.page_link("audit", {}, base=dashboard_url)),
             ]
         print("jobsight is up")
         print(f"  collector    {collector_url}  (API docs: {collector_url}/docs)")

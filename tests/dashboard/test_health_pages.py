@@ -205,7 +205,7 @@ def test_banner_shows_the_hung_finding_first_with_its_evidence_and_timeline_link
     assert len(links) == 2
     assert links[0].label == f"Show {health.stopped:%H:%M:%S} UTC in the timeline"
     assert parse_qs(links[0].query_string) == {"cluster": [health.cluster], "job": [health.hung],
-                                               "at": [_iso(health.stopped)]}
+                                               "t": [_iso(health.stopped)]}
     history = [e for e in at.expander if e.label.startswith("History")]
     assert [e.label for e in history] == ["History: 1 resolved finding(s)"]
     assert OLD_TITLE in history[0].dataframe[0].value.to_csv()
@@ -269,9 +269,9 @@ def test_attention_lists_the_open_findings_for_an_admin(app_as: Callable[..., Ap
     assert (hung["job"], hung["user"], hung["account"], hung["partition"], hung["rule"], hung["subject"]) == (
         health.hung, "alice", "ml", "gpu", "hung_rank", "rank 1")
     assert hung["severity"] == "● critical"
-    assert hung["open"] == f"job?cluster={health.cluster}&job={health.hung}&at={_iso(health.stopped)}"
+    assert hung["open"] == f"job?cluster={health.cluster}&job={health.hung}&t={_iso(health.stopped)}"
     slow = table.iloc[2]
-    assert slow["user"] == "bob" and slow["open"].endswith(f"&at={_iso(health.slow_opened)}")  # no at_ts
+    assert slow["user"] == "bob" and slow["open"].endswith(f"&t={_iso(health.slow_opened)}")  # no at_ts
     assert {m.label: m.value for m in at.metric} == {"Critical": "1", "Warning": "2", "Info": "0"}
     at.selectbox(key="attention_rule").set_value("straggler").run()
     _ok(at)
