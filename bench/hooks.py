@@ -7,6 +7,11 @@ the ``slurm/`` wrappers do; interpreter start-up included) with a Slurm-like
 environment, first against a live collector (its own embedded PostgreSQL, migrated,
 with a cluster secret), then with the collector stopped (the hooks spool), and prints
 the median and worst wall time of each. Target: under 300 ms each, both ways.
+
+Both hooks call ``scontrol show job`` (the prolog for the time limit and name, the epilog for
+the end state): the real ``/usr/bin/scontrol`` where it is installed (a round trip to slurmctld when
+one runs), else a stub script that prints a line as Slurm 22.05 does, so that the call's process
+start is counted either way. ``--scontrol PATH`` picks another.
 """
 
 from __future__ import annotations
@@ -25,6 +30,17 @@ sys.path.insert(0, str(REPO))
 from bench.stack import running_stack  # noqa: E402
 
 TARGET_MS = 300.0
+REAL_SCONTROL = "/usr/bin/scontrol"
+# What scontrol printed during a real epilog (a time limit kill), for the stub.
+STUB_LINE = ("JobId=$4 JobName=bench UserId=nobody(65534) JobState=COMPLETING Reason=TimeLimit Restarts=0 "
+             "ExitCode=0:15 TimeLimit=00:01:00 Partition=gpu NodeList=bench")
+
+
+def stub_scontrol(work: Path) -> str:
+    path = work / "scontrol-stub"
+    path.write_text(f'#!/bin/sh\necho "{STUB_LINE}"\n')
+    path.chmod(0o755)
+    return str(path)
 
 
 def hook_command() -> list[str]:
@@ -67,6 +83,8 @@ def report(label: str, times: dict[str, list[float]]) -> bool:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=15)
+    parser.add_argument("--scontrol", help=f"the scontrol the hooks call (default: {REAL_SCONTROL} if present, "
+                        "else a stub)")
     args = parser.parse_args()
     with running_stack() as stack:
         work = stack.work
@@ -74,9 +92,11 @@ def main() -> int:
             "JOBSIGHT_URL": stack.url, "JOBSIGHT_SECRET_FILE": str(stack.secret_file),
             "JOBSIGHT_TOKEN_DIR": str(work / "tokens"), "JOBSIGHT_REGISTRATION_DIR": str(work / "jobs"),
             "JOBSIGHT_SPOOL_DIR": str(work / "spool"), "JOBSIGHT_HOOK_LOG": str(work / "hooks.log"),
-            "JOBSIGHT_SCONTROL": "/nonexistent",
         }
-        print(f"jobsight Slurm hooks, wall time per call ({' '.join(hook_command())} slurm HOOK)")
+        scontrol = args.scontrol or (REAL_SCONTROL if os.access(REAL_SCONTROL, os.X_OK) else stub_scontrol(work))
+        base["JOBSIGHT_SCONTROL"] = scontrol
+        print(f"jobsight Slurm hooks, wall time per call ({' '.join(hook_command())} slurm HOOK), "
+              f"scontrol show job by {scontrol}")
         time_hooks(base, 2, 1)  # warm the page cache and the collector's pool
         ok = report("collector up", time_hooks(base, args.runs, 100))
         stack.stop_collector()

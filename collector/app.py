@@ -20,6 +20,7 @@ from jobsight.collector.health_settings import HealthSettings, load_health_setti
 from jobsight.collector.migrate import schema_is_current
 from jobsight.collector.params import refuse_nul
 from jobsight.collector.partitions import PartitionKeeper
+from jobsight.collector.reconcile import start_reconciler
 from jobsight.collector.routes import epochs, findings, health, ingest, jobs, profiles, summaries
 from jobsight.collector.settings import CollectorSettings, SettingsError, load_collector_settings
 from jobsight.collector.telemetry import CollectorMetrics
@@ -103,6 +104,7 @@ def create_app(settings: CollectorSettings | None = None) -> FastAPI:
         if app.state.tier_settings.compact_interval_s > 0:
             threading.Thread(target=_compact, args=(app, stop), name="jobsight-compaction", daemon=True).start()
         _start_health(app, database_url, stop)
+        start_reconciler(database_url, stop)  # ends jobs whose epilog was never heard (collector/reconcile.py)
         try:
             yield
         finally:

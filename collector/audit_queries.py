@@ -7,7 +7,8 @@ prolog, or the summary's GPU count when no prolog reported. Energy comes from jo
 summaries (computed at job end) and is pro-rated by the same overlap; a running job has no
 summary yet, so its energy so far is read from the hourly rollup
 (:mod:`jobsight.collector.energy_so_far`), and the rows that count one say so
-(``running_jobs``): their energy is still growing.
+(``running_jobs``): their energy is still growing. The GPU-hours of jobs ended at their time
+limit and of cancelled jobs are counted apart as well, by the state Slurm named.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any, Literal
 
+from jobsight.collector import job_states
 from jobsight.collector.db import Connection
 from jobsight.collector.energy_so_far import energy_kwh_sql
 
@@ -47,6 +49,14 @@ def _allocations(cluster: str | None) -> str:
         WHERE j.start_time < %(end)s AND coalesce(j.end_time, %(now)s) > %(start)s {where}"""
 
 
+# GPU-hours of jobs Slurm ended at their time limit, and of jobs cancelled (scancel): where most
+# allocated GPU-hours are wasted. The state is the most specific one heard (collector/job_states.py).
+_ENDED_BY = f"""coalesce(sum(gpus * overlap_s) FILTER (WHERE state = '{job_states.TIMEOUT}'), 0) / 3600.0
+                    AS timeout_gpu_hours,
+                coalesce(sum(gpus * overlap_s) FILTER (WHERE state = '{job_states.CANCELLED}'), 0) / 3600.0
+                    AS cancelled_gpu_hours"""
+
+
 def _params(start: dt.datetime, end: dt.datetime, now: dt.datetime | None, cluster: str | None) -> dict[str, Any]:
     return {"start": start, "end": end, "now": now or dt.datetime.now(dt.UTC), "cluster": cluster}
 
@@ -62,9 +72,10 @@ def gpu_hours_by(
 ) -> list[dict[str, Any]]:
     """Per user, account or partition: jobs, GPU-hours, GPU-hour-weighted mean utilisation
     (over jobs with a summary), energy in kWh and its share of the period's energy, largest first,
-    and ``running_jobs``: how many of its jobs still run, whose energy so far is counted (the
-    figure is still growing where this is not 0). A ``None`` group is a job whose prolog never
-    reported that field."""
+    ``running_jobs``: how many of its jobs still run, whose energy so far is counted (the
+    figure is still growing where this is not 0), and ``timeout_gpu_hours``/``cancelled_gpu_hours``:
+    the GPU-hours of its jobs that Slurm ended at their time limit, and of its cancelled jobs.
+    A ``None`` group is a job whose prolog never reported that field."""
     if group_by not in _GROUPS:
         raise ValueError(f"cannot group by {group_by!r}")
     return conn.execute(
@@ -74,10 +85,12 @@ def gpu_hours_by(
                               sum(gpus * overlap_s * mean_util) / nullif(sum(gpus * overlap_s)
                                   FILTER (WHERE mean_util IS NOT NULL), 0) AS mean_util,
                               sum(energy_kwh * overlap_s / nullif(run_s, 0)) AS energy_kwh,
-                              count(*) FILTER (WHERE running) AS running_jobs
+                              count(*) FILTER (WHERE running) AS running_jobs,
+                              {_ENDED_BY}
                        FROM a GROUP BY {group_by})
             SELECT name, jobs, gpu_hours, mean_util, energy_kwh,
-                   energy_kwh / nullif(sum(energy_kwh) OVER (), 0) AS energy_share, running_jobs
+                   energy_kwh / nullif(sum(energy_kwh) OVER (), 0) AS energy_share, running_jobs,
+                   timeout_gpu_hours, cancelled_gpu_hours
             FROM g ORDER BY gpu_hours DESC NULLS LAST, name""",
         _params(start, end, now, cluster),
     ).fetchall()
@@ -92,19 +105,21 @@ def audit_totals(
     now: dt.datetime | None = None,
 ) -> dict[str, Any]:
     """The period's jobs, GPU-hours, energy (kWh, running jobs' so far) and GPU-hour-weighted mean
-    utilisation, and ``running_jobs`` (the energy is still growing where this is not 0)."""
+    utilisation, ``running_jobs`` (the energy is still growing where this is not 0), and the GPU-hours
+    of jobs ended at their time limit (``timeout_gpu_hours``) and of cancelled jobs (``cancelled_gpu_hours``)."""
     row = conn.execute(
         f"""WITH a AS ({_allocations(cluster)})
             SELECT count(*) AS jobs, coalesce(sum(gpus * overlap_s) / 3600.0, 0) AS gpu_hours,
                    coalesce(sum(energy_kwh * overlap_s / nullif(run_s, 0)), 0) AS energy_kwh,
                    sum(gpus * overlap_s * mean_util) / nullif(sum(gpus * overlap_s)
                        FILTER (WHERE mean_util IS NOT NULL), 0) AS mean_util,
-                   count(*) FILTER (WHERE running) AS running_jobs
+                   count(*) FILTER (WHERE running) AS running_jobs,
+                   {_ENDED_BY}
             FROM a""",
         _params(start, end, now, cluster),
     ).fetchone()
     return dict(row) if row else {"jobs": 0, "gpu_hours": 0.0, "energy_kwh": 0.0, "mean_util": None,
-                                  "running_jobs": 0}
+                                  "running_jobs": 0, "timeout_gpu_hours": 0.0, "cancelled_gpu_hours": 0.0}
 
 
 def underused_allocations(

@@ -21,18 +21,16 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
-import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-import psycopg
-from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
 from jobsight.collector.db import Connection
 from jobsight.collector.health_settings import HealthSettings
+from jobsight.collector.leader import LeaderTimer
 from jobsight.collector.step_rollup import NO_RANK
 from jobsight.protocol.health import Finding, GpuWindow, HealthThresholds, JobHealthInput, RankSteps, evaluate
 
@@ -364,48 +362,18 @@ class HealthEvaluator:
         return result
 
 
-class Evaluator:
-    """The timer: leads while it holds :data:`HEALTH_LOCK_KEY` on its own connection."""
+class Evaluator(LeaderTimer[Evaluation]):
+    """The health timer: evaluates while this process leads (:data:`HEALTH_LOCK_KEY`)."""
 
     def __init__(self, database_url: str, settings: HealthSettings, enqueue: Enqueue | None = None) -> None:
-        self.database_url = database_url
+        super().__init__(database_url, HEALTH_LOCK_KEY, "health", settings.interval_s)
         self.settings = settings
         self.health = HealthEvaluator(settings, enqueue)
-        self._conn: psycopg.Connection[dict[str, Any]] | None = None
 
-    def _lead(self) -> psycopg.Connection[dict[str, Any]] | None:
-        if self._conn is not None and not self._conn.closed:
-            return self._conn
-        conn: psycopg.Connection[dict[str, Any]] = psycopg.connect(
-            self.database_url, autocommit=True, row_factory=dict_row, application_name="jobsight-health")
-        got = conn.execute("SELECT pg_try_advisory_lock(%s) AS got", (HEALTH_LOCK_KEY,)).fetchone()
-        if not got or not got["got"]:
-            conn.close()
+    def work(self, conn: Connection) -> Evaluation:
+        return self.health.evaluate_once(conn)
+
+    def describe(self, result: Evaluation) -> str | None:
+        if not (result.opened or result.resolved):
             return None
-        self._conn = conn
-        return conn
-
-    def tick(self) -> Evaluation | None:
-        """Evaluate if this process leads (or can take the lead); ``None`` when another does."""
-        conn = self._lead()
-        if conn is None:
-            return None
-        try:
-            return self.health.evaluate_once(conn)
-        except psycopg.OperationalError:
-            # The connection (and with it the lead) is gone; the next tick tries again.
-            conn.close()
-            self._conn = None
-            raise
-
-    def run(self, stop: threading.Event) -> None:
-        while not stop.wait(self.settings.interval_s):
-            try:
-                result = self.tick()
-                if result is not None and (result.opened or result.resolved):
-                    log.info("health: %d running jobs, %d findings opened, %d resolved",
-                             result.jobs, len(result.opened), len(result.resolved))
-            except Exception:  # boundary: a failed evaluation must not kill the collector; the next retries
-                log.exception("health evaluation failed")
-        if self._conn is not None:
-            self._conn.close()
+        return f"{result.jobs} running jobs, {len(result.opened)} findings opened, {len(result.resolved)} resolved"

@@ -20,7 +20,7 @@ from typing import Any
 
 from psycopg.types.json import Jsonb
 
-from jobsight.collector import step_rollup
+from jobsight.collector import job_runs, job_states, step_rollup
 from jobsight.collector.db import Connection
 from jobsight.collector.ingest_rows import (
     COPY_SQL,
@@ -144,6 +144,7 @@ def store_group(conn: Connection, items: Sequence[Item], seen: Seen | None = Non
     written.epochs = seen.epochs.due(starts) if seen is not None else starts
     upsert_jobs(conn, written.jobs)
     for cluster, record in _in_job_order(stored, started=True):
+        job_runs.started(conn, cluster, record)  # a requeued job's next run starts anew
         _job_started(conn, cluster, record)
     _copy(conn, stored)
     # What follows the COPY needs no result until the summary check: one pipeline sends it all
@@ -158,7 +159,8 @@ def store_group(conn: Connection, items: Sequence[Item], seen: Seen | None = Non
             for record in prepared.profiles:
                 _profile(conn, batch.cluster, record)
         for cluster, record in _in_job_order(stored, started=False):
-            _job_ended(conn, cluster, record)
+            if job_runs.is_current(conn, cluster, record):  # an earlier run's end must not end this run
+                _job_ended(conn, cluster, record)
         # Summaries of ended jobs, in this transaction: at job_ended, and again when late rows arrive.
         for cluster in sorted({key[0] for key in written.spans}):
             refresh_ended(conn, cluster, sorted(job for c, job in written.spans if c == cluster))
@@ -215,13 +217,20 @@ def _job_started(conn: Connection, cluster: str, r: dict[str, Any]) -> None:
     )
 
 
+# The stored state gives way to one at least as specific (collector/job_states.py), in one statement:
+# records of one job's end arrive in any order, from every node's epilog and from reconciliation.
+_HEARD_WINS = f"{job_states.rank_sql('%(state)s::text')} >= {job_states.rank_sql('state')}"
+
+
 def _job_ended(conn: Connection, cluster: str, r: dict[str, Any]) -> None:
     exit_code = r.get("exit_code")
-    state = r.get("state") or ("completed" if exit_code in (0, None) else "failed")
+    # The epilog sends Slurm's name (TIMEOUT, OUT_OF_MEMORY); an unknown one or none: the exit code says.
+    state = job_states.from_slurm(r.get("state") or "") or (
+        job_states.COMPLETED if exit_code in (0, None) else job_states.FAILED)
     conn.execute(
-        """UPDATE jobs SET end_time = greatest(coalesce(end_time, %(ts)s), %(ts)s),
-               exit_code = CASE WHEN coalesce(exit_code, 0) = 0 THEN %(exit_code)s ELSE exit_code END,
-               state = CASE WHEN state IN ('failed', 'cancelled', 'timeout', 'node_fail') THEN state ELSE %(state)s END,
+        f"""UPDATE jobs SET end_time = greatest(coalesce(end_time, %(ts)s), %(ts)s),
+               exit_code = CASE WHEN {_HEARD_WINS} THEN coalesce(%(exit_code)s, exit_code) ELSE exit_code END,
+               state = CASE WHEN {_HEARD_WINS} THEN %(state)s ELSE state END,
                last_seen = greatest(last_seen, %(ts)s)
            WHERE cluster = %(cluster)s AND job_id = %(job)s""",
         {"ts": r["ts"], "exit_code": exit_code, "state": state, "cluster": cluster, "job": r["job"]},

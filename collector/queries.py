@@ -99,7 +99,7 @@ def list_jobs(
     params.update(limit=min(max(limit, 1), MAX_PAGE), offset=max(offset, 0))
     rows = conn.execute(
         f"""SELECT j.cluster, j.job_id, j.user_name, j.account, j.partition, j.name, j.nodes, j.node_count,
-                   j.gpus, j.start_time, j.end_time, j.state, j.exit_code, j.demo, j.last_seen,
+                   j.gpus, j.start_time, j.end_time, j.state, j.exit_code, j.demo, j.last_seen, j.run,
                    s.gpu_count, s.gpu_hours, coalesce(s.mean_util, live.util) AS mean_util,
                    s.mean_util IS NULL AND live.util IS NOT NULL AS mean_util_live, s.energy_kwh, s.flags
             {base}
@@ -147,6 +147,12 @@ def _resolve_range(
     found = series_range(conn, table, cluster, job_id)
     if found is None:
         return None
+    if start is None:
+        # A requeued job's latest run by default (collector/job_runs.py): its earlier runs' rows stay apart.
+        run = conn.execute("SELECT run_start FROM jobs WHERE cluster = %s AND job_id = %s AND run > 0",
+                           (cluster, job_id)).fetchone()
+        if run is not None and run["run_start"] is not None and run["run_start"] > found.start:
+            start = min(run["run_start"], found.end)
     return TimeRange(start or found.start, end or found.end)
 
 

@@ -80,6 +80,9 @@ jobs = Table(
     Column("attrs", JSONB),
     Column("first_seen", TS, nullable=False, server_default=text("now()")),
     Column("last_seen", TS, nullable=False, server_default=text("now()")),
+    # A requeued job's latest run (Slurm's restart count) and its start; NULL: run 0, from start_time.
+    Column("run", Integer, nullable=False, server_default=text("0")),
+    Column("run_start", TS),
     PrimaryKeyConstraint("cluster", "job_id"),
     Index(None, "state"),
     Index(None, "user_name"),
@@ -294,6 +297,20 @@ profiles = Table(
     Column("note", Text),
     PrimaryKeyConstraint("job_id", "id"),
     Index(None, "job_id", "ts"),
+)
+
+job_runs = Table(
+    # The earlier runs of a requeued job, closed when the next run starts (collector/job_runs.py).
+    "job_runs",
+    metadata,
+    Column("cluster", Text, nullable=False),
+    Column("job_id", Text, nullable=False),
+    Column("run", Integer, nullable=False),
+    Column("start_time", TS),
+    Column("end_time", TS),
+    Column("state", Text),
+    Column("exit_code", Integer),
+    PrimaryKeyConstraint("cluster", "job_id", "run"),
 )
 
 job_summaries = Table(

@@ -18,6 +18,9 @@ audit lists):
   end, else the sampled span), GPU-hours, mean utilisation (mean of the GPUs' means),
   energy, steps per second and time to first step (from the lowest rank's training
   steps; ``None`` when the job logged no steps);
+* a requeued job (collector/job_runs.py): the figures above are its latest run's (``run``,
+  samples and steps from ``run_start`` on), ``runs`` lists the earlier ones, and ``gpu_hours``
+  adds every run's (``run_gpu_hours``: the latest run's alone);
 * flags: ``idle_gpu`` (a GPU whose mean utilisation is under :data:`IDLE_UTIL` %),
   ``low_utilization`` (job mean under :data:`LOW_UTIL` %), ``memory_mostly_unused``
   (every GPU's peak memory under :data:`LOW_MEMORY_SHARE` of its total).
@@ -30,7 +33,7 @@ from typing import Any, Final
 
 from psycopg.types.json import Jsonb
 
-from jobsight.collector import tiers
+from jobsight.collector import job_runs, tiers
 from jobsight.collector.db import Connection
 from jobsight.collector.rollup import IDLE_UTIL as ROLLUP_IDLE_UTIL
 
@@ -41,11 +44,16 @@ SUMMARY_VERSION: Final = 1
 J_PER_KWH: Final = 3.6e6
 
 # Samples and minutes come from both storage tiers (collector/tiers.py).
-_GPU_SQL: Final = f"""
+def _gpu_sql(start: str | None) -> str:
+    return _GPU_SQL_TEMPLATE.replace(
+        "{samples}", tiers.samples(("util_gpu", "mem_used", "mem_total", "power_w", "energy_j"), start=start))
+
+
+_GPU_SQL_TEMPLATE: Final = """
 WITH s AS (
     SELECT node, gpu_index, gpu_uuid, mig_uuid, ts, util_gpu, mem_used, mem_total, power_w, energy_j,
            extract(epoch FROM ts - lag(ts) OVER w) AS dt_s, lag(power_w) OVER w AS prev_power_w
-    FROM {tiers.samples(("util_gpu", "mem_used", "mem_total", "power_w", "energy_j"))} g
+    FROM {samples} g
     -- power_w breaks ties: two samples of one GPU at one time (a tick sent twice) must be
     -- integrated in one order, whichever tier or page of the heap they are read from.
     WINDOW w AS (PARTITION BY node, gpu_index, mig_uuid ORDER BY ts, power_w)
@@ -61,6 +69,10 @@ FROM s
 GROUP BY node, gpu_index, mig_uuid
 ORDER BY node NULLS FIRST, gpu_index, mig_uuid NULLS FIRST
 """
+_GPU_SQL: Final = _gpu_sql(None)
+# A requeued job's latest run (collector/job_runs.py): its samples only, from the samples themselves,
+# since the minute rollup's first minute of the run may hold the end of the run before.
+_GPU_RUN_SQL: Final = _gpu_sql("%(run_start)s")
 
 # The same per-GPU figures from the per-minute rollup: exact for counts, sums, extremes,
 # the energy counter and first/last sample. Only the power integral (for GPUs without an
@@ -98,6 +110,7 @@ SELECT rank, count(*) AS steps, min(ts) AS first_ts, max(ts) AS last_ts,
        (array_agg(duration_s ORDER BY ts))[1] AS first_duration_s, avg(duration_s) AS mean_step_s
 FROM steps
 WHERE cluster = %(cluster)s AND job_id = %(job)s AND coalesce(phase, 'train') = 'train'
+  AND (%(run_start)s::timestamptz IS NULL OR ts >= %(run_start)s)  -- the latest run's steps only
 GROUP BY rank
 ORDER BY rank NULLS FIRST
 LIMIT 1
@@ -146,7 +159,10 @@ def _gpu_summary(row: dict[str, Any]) -> dict[str, Any]:
 
 
 def _gpu_rows(conn: Connection, params: dict[str, Any]) -> list[dict[str, Any]]:
-    """Per-GPU figures from the rollup, or from the samples for a job stored without one."""
+    """Per-GPU figures from the rollup, or from the samples for a job stored without one (or for
+    a requeued job's latest run)."""
+    if params["run_start"] is not None:
+        return conn.execute(_GPU_RUN_SQL, params).fetchall()
     rows = conn.execute(_GPU_MINUTES_SQL, params).fetchall()
     if not rows:
         return conn.execute(_GPU_SQL, params).fetchall()
@@ -165,19 +181,24 @@ def _gpu_rows(conn: Connection, params: dict[str, Any]) -> list[dict[str, Any]]:
 def compute_summary(conn: Connection, cluster: str, job_id: str) -> dict[str, Any] | None:
     """The summary of one job from its stored rows; ``None`` when the collector does not know the job."""
     job = conn.execute(
-        "SELECT start_time, end_time, gpus FROM jobs WHERE cluster = %s AND job_id = %s", (cluster, job_id)
+        "SELECT start_time, end_time, gpus, run, run_start FROM jobs WHERE cluster = %s AND job_id = %s",
+        (cluster, job_id),
     ).fetchone()
     if job is None:
         return None
-    params = {"cluster": cluster, "job": job_id, "idle": IDLE_UTIL}
+    # A requeued job: this summary is its latest run's, GPU-hours count every run (collector/job_runs.py).
+    run_start = job["run_start"] if job["run"] > 0 else None
+    params = {"cluster": cluster, "job": job_id, "idle": IDLE_UTIL, "run_start": run_start}
     gpus = [_gpu_summary(row) for row in _gpu_rows(conn, params)]
     steps = conn.execute(_STEPS_SQL, params).fetchone()
 
     first_sample = min((dt.datetime.fromisoformat(g["first"]) for g in gpus), default=None)
     last_sample = max((dt.datetime.fromisoformat(g["last"]) for g in gpus), default=None)
-    start = job["start_time"] or first_sample
+    start = run_start or job["start_time"] or first_sample
     end = job["end_time"] or last_sample
     elapsed_s = max(_seconds(end - start), 0.0) if start is not None and end is not None else None
+    earlier = job_runs.earlier_runs(conn, cluster, job_id) if run_start is not None else []
+    all_runs_s = elapsed_s + job_runs.earlier_runs_s(earlier, run_start) if elapsed_s is not None else None
     gpu_count = max(len(job["gpus"] or []), len(gpus))
     means = [g["mean_util"] for g in gpus if g["mean_util"] is not None]
     mean_util = sum(means) / len(means) if means else None
@@ -207,17 +228,31 @@ def compute_summary(conn: Connection, cluster: str, job_id: str) -> dict[str, An
         flags.append("memory_mostly_unused")
     return {
         "version": SUMMARY_VERSION,
+        "run": job["run"],
+        "runs": [_run_summary(r) for r in earlier],
         "start": start.isoformat() if start is not None else None,
         "end": end.isoformat() if end is not None else None,
         "elapsed_s": elapsed_s,
         "gpu_count": gpu_count,
-        "gpu_hours": gpu_count * elapsed_s / 3600 if elapsed_s is not None else None,
+        # Every run held its GPUs: a requeued job's GPU-hours add the earlier runs' (``run_gpu_hours``: this run's).
+        "gpu_hours": gpu_count * all_runs_s / 3600 if all_runs_s is not None else None,
+        "run_gpu_hours": gpu_count * elapsed_s / 3600 if elapsed_s is not None else None,
         "mean_util": mean_util,
         "energy_kwh": energy_kwh,
         "gpus": gpus,
         "steps": step_summary,
         "flags": flags,
         "thresholds": {"idle_util": IDLE_UTIL, "low_util": LOW_UTIL, "low_memory_share": LOW_MEMORY_SHARE},
+    }
+
+
+def _run_summary(run: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "run": run["run"],
+        "start": run["start_time"].isoformat() if run["start_time"] is not None else None,
+        "end": run["end_time"].isoformat() if run["end_time"] is not None else None,
+        "state": run["state"],
+        "exit_code": run["exit_code"],
     }
 
 

@@ -78,6 +78,9 @@ class Registration:
     time_limit_s: int | None = None
     token_file: str | None = None
     """The job's ingest token file, readable by the job's user only."""
+    run: int = 0
+    """The run's ``SLURM_JOB_RESTART_COUNT`` as its prolog saw it: a requeued job's epilog sees the
+    next run's count already, and learns which run it ends from here."""
     version: int = VERSION
 
     def to_json(self) -> str:
@@ -144,6 +147,7 @@ class Registration:
             node_count=integer("node_count"),
             time_limit_s=integer("time_limit_s"),
             token_file=text("token_file"),
+            run=max(integer("run") or 0, 0),
             version=version,
         )
 
@@ -188,6 +192,14 @@ def remove_registration(directory: str | os.PathLike[str], job_id: str) -> bool:
     except FileNotFoundError:
         return False
     return True
+
+
+def read_registration(directory: str | os.PathLike[str], job_id: str) -> Registration | None:
+    """The job's registration; ``None`` when there is none or it cannot be read."""
+    try:
+        return Registration.from_file(registration_path(directory, job_id))
+    except RegistrationError:
+        return None
 
 
 def has_registration(directory: str | os.PathLike[str], job_id: str) -> bool:

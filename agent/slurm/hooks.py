@@ -12,8 +12,10 @@ jobsight never drains a node or fails a job.
   registration (:mod:`jobsight.agent.node.registrations`), and posts ``job_started``.
 * **task prolog** (the job's user, before every task): prints one ``export NAME=value``
   line each for the collector URL, cluster, job id and token. No network.
-* **epilog** (root): posts ``job_ended`` with the job's exit code, removes the
-  registration and the token file, and replays what earlier hooks spooled.
+* **epilog** (root): posts ``job_ended`` with the job's end state as Slurm names it and its exit
+  code (the environment, and one ``scontrol show job`` bounded like a network call:
+  :mod:`jobsight.agent.slurm.end_state`), removes the registration and the token file, and replays
+  what earlier hooks spooled.
 
 Root hooks post with this node's token (minted from the same secret as the node
 daemon's), so a spooled batch can be replayed by the daemon or a later hook. When
@@ -32,11 +34,12 @@ import os
 import re
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Final
 
 from jobsight.agent.atomic_files import write_atomically
 from jobsight.agent.settings import AgentSettings, load_agent_settings
+from jobsight.agent.slurm.end_state import end_state
 from jobsight.agent.slurm.hook_log import setup_hook_logging
 from jobsight.agent.slurm.job import (
     SlurmJob,
@@ -45,6 +48,8 @@ from jobsight.agent.slurm.job import (
     job_id_from_env,
     job_time_limit,
     scontrol_job,
+    slurm_job_id,
+    with_slurm_ids,
 )
 from jobsight.agent.slurm.sender import NET_TIMEOUT_S, HookSender, spool_dir
 from jobsight.protocol import wire
@@ -141,8 +146,10 @@ def _node_token(settings: AgentSettings, secret: bytes | None, node: str) -> str
 def run_prolog(env: dict[str, str], settings: AgentSettings, hooks: HookSettings) -> None:
     deadline = time.monotonic() + 2 * NET_TIMEOUT_S
     started_us = wire.now_us()
+    # scontrol knows the job by Slurm's own id; what it says names an array task as users see it (N_i).
+    fields = scontrol_job(env, slurm_job_id(env), hooks.scontrol)
+    env = with_slurm_ids(env, fields)
     job = job_from_env(env, settings)
-    fields = scontrol_job(env, job.job_id, hooks.scontrol)
     time_limit = job_time_limit(env, fields)
     name = job.name or fields.get("name")
     secret = read_secret(hooks.secret_file)
@@ -163,7 +170,7 @@ def run_prolog(env: dict[str, str], settings: AgentSettings, hooks: HookSettings
             cluster=settings.cluster, job_id=job.job_id, node=job.node, started_us=started_us,
             gpus=tuple(job.gpus), user=job.user, uid=job.uid, account=job.account, partition=job.partition,
             name=name, nodes=tuple(job.nodes), node_count=job.node_count, time_limit_s=time_limit,
-            token_file=token_file,
+            token_file=token_file, run=job.restart_count,
         ))
     except (OSError, ValueError, ImportError) as exc:
         log.error("job %s: cannot write the registration in %s: %s", job.job_id, settings.registration_dir, exc)
@@ -172,21 +179,43 @@ def run_prolog(env: dict[str, str], settings: AgentSettings, hooks: HookSettings
         "kind": "job_started", "job": job.job_id, "ts": started_us, "node": job.node, "user": job.user,
         "uid": job.uid, "account": job.account, "partition": job.partition, "name": name,
         "nodes": job.nodes, "node_count": job.node_count, "gpus": [str(g) for g in job.gpus],
-        "time_limit_s": time_limit,
+        "time_limit_s": time_limit, "run": job.restart_count,  # a requeued job's runs are kept apart
     }
     sender = HookSender(settings, _node_token(settings, secret, job.node), spool_dir(settings, env), deadline)
     sender.send(_source(settings, "prolog", job), [{k: v for k, v in record.items() if v is not None}])
     sender.replay()
 
 
+def _ended_run(job: SlurmJob, settings: AgentSettings) -> SlurmJob:
+    """``job`` numbered as the run its prolog registered. A requeue counts the next run before the
+    epilog of the one it stops runs (``SLURM_JOB_RESTART_COUNT`` 1 in run 0's epilog); the run
+    that ends is the prolog's, and ``Restarts`` above it says it was requeued (end_state.py)."""
+    try:
+        from jobsight.agent.node.registrations import read_registration
+
+        registration = read_registration(settings.registration_dir, job.job_id)
+    except (OSError, ValueError, ImportError):
+        return job
+    if registration is None or registration.run >= job.restart_count:
+        return job
+    return replace(job, restart_count=registration.run)
+
+
 def run_epilog(env: dict[str, str], settings: AgentSettings, hooks: HookSettings) -> None:
     deadline = time.monotonic() + 2 * NET_TIMEOUT_S
-    job = job_from_env(env, settings)
+    # Slurm's own id for scontrol: an array task's or a heterogeneous component's, not the one users see,
+    # which comes from what scontrol says (the epilog's environment names no array), as in the prolog.
+    fields = scontrol_job(env, slurm_job_id(env), hooks.scontrol)
+    env = with_slurm_ids(env, fields)
+    job = _ended_run(job_from_env(env, settings), settings)
     secret = read_secret(hooks.secret_file)
-    record: dict[str, Any] = {"kind": "job_ended", "job": job.job_id, "ts": wire.now_us(), "node": job.node}
-    exit_code = exit_code_from_env(env)
+    record: dict[str, Any] = {"kind": "job_ended", "job": job.job_id, "ts": wire.now_us(), "node": job.node,
+                              "run": job.restart_count}
+    state, exit_code = end_state(fields, job.restart_count, exit_code_from_env(env))
     if exit_code is not None:
         record["exit_code"] = exit_code
+    if state is not None:
+        record["state"] = state
     sender = HookSender(settings, _node_token(settings, secret, job.node), spool_dir(settings, env), deadline)
     sender.send(_source(settings, "epilog", job), [record])
     try:

@@ -19,9 +19,31 @@ _SAFE_JOB = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]{0,127}$")
 
 
 def job_id_from_env(env: dict[str, str]) -> str:
-    """``SLURM_JOB_ID`` (or the older ``SLURM_JOBID``); ``ValueError`` when missing or unsafe as a file name."""
-    job = env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID") or ""
+    """The job id users see, so that every hook and the task prolog name a job alike:
+
+    * an array task: ``<SLURM_ARRAY_JOB_ID>_<SLURM_ARRAY_TASK_ID>`` (``1234_7``, as ``squeue``
+      prints it; its own ``SLURM_JOB_ID`` is another number that users do not see);
+    * a heterogeneous job's component: ``SLURM_HET_JOB_ID`` (the leader's id), so all components
+      are one job;
+    * else ``SLURM_JOB_ID`` (or the older ``SLURM_JOBID``).
+
+    ``ValueError`` when missing or unsafe as a file name.
+    """
+    array_job, task = env.get("SLURM_ARRAY_JOB_ID", ""), env.get("SLURM_ARRAY_TASK_ID", "")
+    if array_job.isdigit() and task.isdigit():
+        job = f"{array_job}_{task}"
+    else:
+        job = env.get("SLURM_HET_JOB_ID") or env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID") or ""
     if not _SAFE_JOB.match(job):
+        raise ValueError(f"SLURM_JOB_ID {job!r} is missing or not a job id")
+    return job
+
+
+def slurm_job_id(env: dict[str, str]) -> str:
+    """Slurm's own id of the job (``SLURM_JOB_ID``), which ``scontrol`` knows it by: an array task's
+    own number, not ``N_i``. ``ValueError`` when missing or not a job id."""
+    job = env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID") or ""
+    if not _SAFE_JOB.match(job):  # never empty: ``scontrol show job`` without an id lists every job
         raise ValueError(f"SLURM_JOB_ID {job!r} is missing or not a job id")
     return job
 
@@ -79,11 +101,14 @@ def parse_time_limit(text: str) -> int | None:
 
 
 def scontrol_job(env: dict[str, str], job: str, scontrol: str) -> dict[str, str]:
-    """What the prolog's environment lacks (time limit, job name), from one
-    ``scontrol show job -o`` with a 1 s timeout; ``{}`` when it cannot be run.
+    """What the hooks' environment lacks, from one ``scontrol show job -o`` with a 1 s timeout;
+    ``{}`` when it cannot be run. Keys: ``time_limit``, ``name`` (for the prolog), ``job_state``,
+    ``reason``, ``exit_code`` (``exit:signal``) and ``restarts`` (for the epilog's end state,
+    :mod:`jobsight.agent.slurm.end_state`), each only when scontrol printed it.
 
     ``SLURM_JOB_START_TIME``/``SLURM_JOB_END_TIME`` (newer Slurm) give the time limit
     without it, but the job name still needs it (22.05 gives the prolog no ``SLURM_JOB_NAME``).
+    ``job`` is Slurm's own id (``SLURM_JOB_ID``), which scontrol knows the job by.
     """
     if not os.access(scontrol, os.X_OK):
         return {}
@@ -101,7 +126,28 @@ def scontrol_job(env: dict[str, str], job: str, scontrol: str) -> dict[str, str]
     name = re.search(r"\bJobName=(.*?) UserId=", out) or re.search(r"\bJobName=(\S+)", out)
     if name and name.group(1):
         fields["name"] = name.group(1)
+    for key, field in (("job_state", "JobState"), ("reason", "Reason"), ("exit_code", "ExitCode"),
+                       ("restarts", "Restarts")):
+        found = re.search(rf"\b{field}=(\S+)", out)
+        if found:
+            fields[key] = found.group(1)
+    # An array task's and a heterogeneous component's ids: 22.05 gives the prolog and epilog neither.
+    for key, field in (("array_job_id", "ArrayJobId"), ("array_task_id", "ArrayTaskId"), ("het_job_id", "HetJobId")):
+        found = re.search(rf"\b{field}=(\d+)(?:\s|$)", out)
+        if found:
+            fields[key] = found.group(1)
     return fields
+
+
+def with_slurm_ids(env: dict[str, str], fields: dict[str, str]) -> dict[str, str]:
+    """``env`` with the array and heterogeneous-job ids that :func:`scontrol_job` found and the
+    environment lacks (slurmd's prolog and epilog environment has none of them in 22.05; the task
+    prolog's has them), so that :func:`job_id_from_env` names the job alike in every hook."""
+    added = {name: fields[key] for name, key in (("SLURM_ARRAY_JOB_ID", "array_job_id"),
+                                                 ("SLURM_ARRAY_TASK_ID", "array_task_id"),
+                                                 ("SLURM_HET_JOB_ID", "het_job_id"))
+             if key in fields and not env.get(name)}
+    return {**env, **added} if added else env
 
 
 def job_time_limit(env: dict[str, str], fields: dict[str, str]) -> int | None:

@@ -1,5 +1,6 @@
-"""Audit (admins): GPU-hours by user, account and partition; idle and low-utilisation
-allocations; energy and its share; the daily trend; every table as CSV."""
+"""Audit (admins): GPU-hours by user, account and partition, with those of jobs ended at their time
+limit and of cancelled jobs; idle and low-utilisation allocations; energy and its share; the daily
+trend; every table as CSV."""
 
 from __future__ import annotations
 
@@ -53,6 +54,12 @@ row[2].metric("Energy (kWh)", ("≥ " if growing else "") + f"{totals['energy_kw
               help=f"{totals['running_jobs']} running job(s) counted with their energy so far: still growing."
               if growing else None)
 row[3].metric("Mean GPU utilisation", "n/a" if totals["mean_util"] is None else f"{totals['mean_util']:.0f} %")
+# Where most allocated GPU-hours are wasted: jobs Slurm killed at their time limit, and cancelled jobs.
+ended = st.columns(4)
+ended[0].metric("GPU-hours ended by time limit", f"{totals['timeout_gpu_hours']:.1f}",
+                help="GPU-hours of jobs that Slurm ended at their time limit (state TIMEOUT)")
+ended[1].metric("GPU-hours of cancelled jobs", f"{totals['cancelled_gpu_hours']:.1f}",
+                help="GPU-hours of jobs cancelled with scancel (state CANCELLED)")
 st.caption("GPU-hours count each job's allocated GPUs over the part of its run inside the period. Energy comes "
            "from finished jobs' summaries, pro-rated the same way, and from running jobs' GPUs so far: a row that "
            "counts running jobs (column *running*) is marked “≥ still growing”.")
@@ -70,7 +77,11 @@ def _table(frame: pd.DataFrame, name: str, *, job_links: bool = False) -> None:
               "energy_kwh": st.column_config.NumberColumn("kWh", format="%.3f"),
               "energy_share": st.column_config.NumberColumn("energy share", format="percent"),
               "running_jobs": st.column_config.NumberColumn(
-                  "running", help="jobs still running: their energy so far is counted, and still growing")}
+                  "running", help="jobs still running: their energy so far is counted, and still growing"),
+              "timeout_gpu_hours": st.column_config.NumberColumn(
+                  "GPU-hours TIMEOUT", format="%.2f", help="of jobs Slurm ended at their time limit"),
+              "cancelled_gpu_hours": st.column_config.NumberColumn(
+                  "GPU-hours CANCELLED", format="%.2f", help="of jobs cancelled with scancel")}
     if "running_jobs" in shown:
         shown.insert(shown.columns.get_loc("energy_kwh") + 1, "energy note",
                      ["≥ still growing" if n else "" for n in shown["running_jobs"]])

@@ -12,6 +12,7 @@ from typing import Any
 import pandas as pd
 import streamlit as st
 
+from jobsight.collector import job_states
 from jobsight.dashboard import charts, data, job_facts
 from jobsight.dashboard.identity import viewer_or_stop
 from jobsight.dashboard.settings import load_dashboard_settings
@@ -30,7 +31,8 @@ if not job_id:
     if recent.empty:
         st.info("No jobs to show yet.")
         st.stop()
-    labels = {f"{r.job_id} · {r.name or ''} · {r.state}": (r.cluster, r.job_id) for r in recent.itertuples()}
+    labels = {f"{r.job_id} · {r.name or ''} · {job_states.slurm_name(str(r.state))}": (r.cluster, r.job_id)
+              for r in recent.itertuples()}
     choice = st.selectbox("Open a job", list(labels), index=None, placeholder="choose a job")
     if choice is None:
         st.stop()
@@ -49,7 +51,8 @@ every = dt.timedelta(seconds=settings.refresh_s) if running else None
 
 def _domain(job: dict[str, Any]) -> charts.Domain:
     now = dt.datetime.now(dt.UTC)
-    start = job.get("start_time") or job.get("first_seen") or now
+    # A requeued job shows its latest run (collector/job_runs.py); run_start is NULL for run 0.
+    start = job.get("run_start") or job.get("start_time") or job.get("first_seen") or now
     end = job.get("end_time") or (now if job["state"] == "running" else job.get("last_seen")) or now
     return start, max(end, start + dt.timedelta(seconds=1))
 
@@ -74,7 +77,9 @@ def header() -> None:
     cells[2].metric("Nodes", job.get("node_count") or len(job.get("nodes") or []) or "unknown")
     cells[3].metric("GPUs", len(gpus) or job.get("gpu_count") or "unknown")
     cells[4].metric("Elapsed", _elapsed(domain))
-    cells[5].metric("State", job["state"] + (f" (exit {job['exit_code']})" if job.get("exit_code") else ""))
+    # As Slurm names it (TIMEOUT, OUT_OF_MEMORY), with the exit code or signal when not 0.
+    cells[5].metric("State", job_states.describe(job["state"], job.get("exit_code")) if job.get("exit_code")
+                    else job_states.slurm_name(job["state"]))
     if job.get("nodes"):
         st.caption("Nodes: " + ", ".join(job["nodes"]))
     if job.get("flags"):

@@ -7,7 +7,8 @@ import datetime as dt
 import pandas as pd
 import streamlit as st
 
-from jobsight.dashboard import data, url_state
+from jobsight.collector import job_states
+from jobsight.dashboard import data, job_groups, url_state
 from jobsight.dashboard.identity import viewer_or_stop
 from jobsight.dashboard.settings import load_dashboard_settings
 from jobsight.dashboard.url_state import Param
@@ -20,7 +21,7 @@ viewer = viewer_or_stop(settings)
 RANGES = {"last 24 hours": dt.timedelta(days=1), "last 7 days": dt.timedelta(days=7),
           "last 30 days": dt.timedelta(days=30), "all time": None}
 RANGE_TOKENS = {"1d": "last 24 hours", "7d": "last 7 days", "30d": "last 30 days", "all": "all time"}
-STATES = ["any", "running", "completed", "failed", "cancelled", "timeout", "node_fail"]
+STATES = ["any", job_states.RUNNING, *job_states.END_STATES]
 # The filters in the address: /jobs?user=bob&state=failed&partition=gpu&range=30d&below=10
 # (each left out at its default). ``user`` is an admin's filter only.
 FILTERS = [
@@ -42,7 +43,8 @@ columns = st.columns(5 if viewer.is_admin else 4)
 user = None
 if viewer.is_admin:
     user = columns.pop(0).text_input("User", key="jobs_user").strip() or None
-state = columns[0].selectbox("State", STATES, key="jobs_state")
+state = columns[0].selectbox("State", STATES, key="jobs_state",
+                             format_func=lambda s: s if s == "any" else job_states.slurm_name(s))
 partition = columns[1].text_input("Partition", key="jobs_partition").strip() or None
 period = columns[2].selectbox("Time range", list(RANGES), key="jobs_range")
 # value=None: the filter may be empty (its state comes from the address, see url_state).
@@ -60,15 +62,18 @@ if frame.empty:
     st.info("No jobs match these filters." if total == 0 else "No jobs on this page.")
     st.stop()
 
+# An array's tasks together under it, in task order (dashboard/job_groups.py).
+frame = frame.iloc[job_groups.grouped_order(list(frame["job_id"]), list(frame["cluster"]))].reset_index(drop=True)
 now = pd.Timestamp.now(tz="UTC")
 health = data.open_findings_by_job(viewer, frame)  # one query for the rows shown
 table = pd.DataFrame({
     "open": [links.job_link(c, j) for c, j in zip(frame["cluster"], frame["job_id"], strict=True)],
     "job": frame["job_id"],
+    "array": job_groups.array_cells(list(frame["job_id"]), list(frame["cluster"])),
     "user": frame["user_name"],
     "name": frame["name"],
     "partition": frame["partition"],
-    "state": frame["state"],
+    "state": [job_states.slurm_name(s) for s in frame["state"]],  # as Slurm names it: TIMEOUT, OUT_OF_MEMORY
     "health": [health_cell(health.get((c, j), [])) for c, j in zip(frame["cluster"], frame["job_id"], strict=True)],
     "GPUs": [int(n) if pd.notna(n) else (len(g) if isinstance(g, list) else None)
              for n, g in zip(frame["gpu_count"], frame["gpus"], strict=True)],
@@ -86,6 +91,7 @@ st.dataframe(
     table, hide_index=True, width="stretch",
     column_config={
         "open": st.column_config.LinkColumn("open", display_text="open"),
+        "array": st.column_config.TextColumn(help="a job array's tasks (job ids <array>_<task>), listed together"),
         "health": st.column_config.TextColumn(
             help="open findings: ● critical, ▲ warning, ○ info (details on the job page); ok: none open"),
         "mean util %": st.column_config.NumberColumn(

@@ -24,6 +24,7 @@ from urllib.parse import quote
 from jobsight.agent.settings import AgentSettings, load_agent_settings
 from jobsight.agent.shipping.client import CollectorClient
 from jobsight.cli import CliError
+from jobsight.collector import job_states
 from jobsight.protocol import links
 
 TIMEOUT_S: Final = 10.0
@@ -146,9 +147,7 @@ def format_report(job: dict[str, Any], answer: dict[str, Any]) -> str:
     """The report text for a job row (``GET /v1/jobs/{job}``) and its summary answer."""
     summary: dict[str, Any] = answer.get("summary") or {}
     gpus: list[dict[str, Any]] = summary.get("gpus") or []
-    state = str(job.get("state") or "unknown").upper()
-    if job.get("exit_code") is not None:
-        state += f" (exit code {job['exit_code']})"
+    state = job_states.describe(job.get("state"), job.get("exit_code"))
     if not answer.get("final"):
         state += "  [running: figures so far]"
     user = job.get("user_name") or "-"

@@ -260,6 +260,9 @@ class JobStarted:
     time_limit_s: Int4 | None = None
     demo: bool | None = None
     attrs: Json | None = None
+    run: Int4 | None = None
+    """Which run of a requeued job this is (Slurm's ``SLURM_JOB_RESTART_COUNT``: 0, then 1, ...);
+    a higher run than the job's starts a new one. ``None`` (run metadata): the job's current run."""
 
 
 @dataclass(kw_only=True)
@@ -268,6 +271,8 @@ class JobEnded:
 
     exit_code: Int4 | None = None
     state: str | None = None
+    run: Int4 | None = None
+    """The run that ended (see :class:`JobStarted`); an earlier run's end does not end a later run."""
 
 
 @dataclass(kw_only=True)

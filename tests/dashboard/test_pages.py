@@ -49,7 +49,7 @@ def test_owner_sees_the_live_job_page(app_as: Callable[..., AppTest], dashboard_
     _ok(at)
     said = texts(at)
     assert f"Job {dashboard_env.running}" in said and "llm-pretrain" in said
-    assert "User alice" in said and "State running" in said and "GPUs 2" in said
+    assert "User alice" in said and "State RUNNING" in said and "GPUs 2" in said
     assert "Straggler rank(s): 1" in said
     assert "Rank 1 waits on the data loader" in said  # diagnosis hint
     assert len(at.get("vega_lite_chart")) >= 6  # heatmap, 4 GPU metrics, steps, loss, lr, breakdown
@@ -86,7 +86,7 @@ def test_finished_job_without_series_shows_empty_states(app_as: Callable[..., Ap
     _ok(at)
     said = texts(at)
     assert "No GPU samples" in said and "No step timings" in said and "No profiles" in said
-    assert "State completed" in said
+    assert "State COMPLETED" in said
 
 
 def test_profile_request_is_stored(app_as: Callable[..., AppTest], dashboard_env: Seed, db: object) -> None:

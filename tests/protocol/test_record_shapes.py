@@ -102,6 +102,7 @@ NOT_FROM_RECORDS: dict[str, dict[str, str]] = {
         "cluster": ENVELOPE,
         "first_seen": "the collector's clock when it first heard of the job",
         "last_seen": "the collector's running maximum of the job's record times",
+        "run_start": "the ts of the job_started that began the latest run (collector/job_runs.py)",
     },
 }
 
@@ -117,6 +118,7 @@ OTHER_TABLES: dict[str, str] = {
     "step_minutes": "per-minute sums of training steps per rank, rolled up at ingest (collector/step_rollup.py)",
     "epoch_starts": "first training step of each epoch, kept at ingest (collector/step_rollup.py)",
     "job_summaries": "computed by the collector when a job ends",
+    "job_runs": "a requeued job's earlier runs, closed when the next starts (collector/job_runs.py)",
     "ingest_batches": "one row per batch envelope (source, seq), for idempotence",
     "profile_requests": "on-demand profile requests made through the API",
     "findings": "what the health rules noticed about running jobs (collector/findings.py)",

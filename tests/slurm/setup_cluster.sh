@@ -106,6 +106,7 @@ render() {  # render TEMPLATE DEST MODE: write only when the content differs
 }
 render "$here/slurm.conf.in" /etc/slurm/slurm.conf 0644
 render "$here/gres.conf.in" /etc/slurm/gres.conf 0644
+render "$here/cgroup.conf.in" /etc/slurm/cgroup.conf 0644
 
 hooks_env=/etc/jobsight/hooks.env
 # JOBSIGHT_BIN: the caller's, else this checkout's venv, else what an earlier run wrote.

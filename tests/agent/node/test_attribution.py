@@ -188,6 +188,7 @@ def full_registration(job: str = "123") -> Registration:
         node_count=2,
         time_limit_s=3600,
         token_file="/run/jobsight/tokens/123",
+        run=2,
     )
 
 
@@ -202,7 +203,7 @@ def test_registration_round_trip_atomic_and_0644(tmp_path: Path) -> None:
     assert data["version"] == 1 and data["gpus"] == [0, 3] and data["nodes"] == ["gpu01", "gpu02"]
     assert set(data) == {
         "version", "cluster", "job_id", "user", "uid", "account", "partition", "name", "node",
-        "nodes", "node_count", "gpus", "time_limit_s", "started_us", "token_file",
+        "nodes", "node_count", "gpus", "time_limit_s", "started_us", "token_file", "run",
     }  # fmt: skip
     assert Registration.from_file(path) == original
     write_registration(directory, Registration(cluster="c1", job_id="124", node="gpu01", started_us=5))
