@@ -139,6 +139,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--train-hz", type=float, default=2.0, help="steps (and log lines) per second per trainer")
     parser.add_argument("--batch-age-s", type=float, default=DAEMON_BATCH_AGE_S,
                         help=f"the node daemons' batch age (default: the daemon's, {DAEMON_BATCH_AGE_S:g})")
+    parser.add_argument("--citus", action="store_true",
+                        help="run the ladder twice, on Debian's PostgreSQL 15 alone and on a 3-node Citus cluster of "
+                             "it (a coordinator and two workers on this machine), and print both")
     parser.add_argument("--quick", action="store_true",
                         help="a one-minute smoke run: 25 then 50 nodes, 15 s each, 2 trainers, 2 load processes")
     args = parser.parse_args(argv)
@@ -160,19 +163,57 @@ def raise_file_limit() -> None:
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
 
+@dataclass
+class Outcome:
+    """One ladder's result, for the side-by-side of ``--citus``."""
+
+    database: str
+    held: int
+    p99_s: float
+    lost: int
+    duplicated: int
+
+
 def run(args: argparse.Namespace) -> int:
     raise_file_limit()
     print(f"cluster: steps {args.steps} nodes x 8 GPUs at 1 Hz, {args.step_s:g} s each; node batch age "
           f"{args.batch_age_s:g} s; {args.trainers} trainers at {args.train_hz:g} Hz; collector --workers "
           f"{args.workers}; {args.procs} load processes", flush=True)
+    if not args.citus:
+        return run_on(args, "embedded")[0]
+    outcomes = []
+    code = 0
+    for database in ("pg15", "citus"):
+        print(f"\n== {DATABASES[database]} ==", flush=True)
+        result, outcome = run_on(args, database)
+        code |= result
+        outcomes.append(outcome)
+    print(f"\n{'database':<44} {'nodes held':>10} {'p99 ms':>8} {'lost':>6} {'duplicated':>10}")
+    for each in outcomes:
+        print(f"{DATABASES[each.database]:<44} {each.held:>10} {ms(each.p99_s):>8} {each.lost:>6} "
+              f"{each.duplicated:>10}")
+    single, citus = outcomes
+    if single.held:
+        print(f"Citus / single server: nodes held {citus.held / single.held:.2f}, p99 "
+              f"{citus.p99_s / single.p99_s:.2f}x" if single.p99_s else "")
+    return code
+
+
+DATABASES = {"embedded": "embedded PostgreSQL", "pg15": "PostgreSQL 15, one server",
+             "citus": "Citus 13 on PostgreSQL 15: coordinator + 2 workers"}
+
+
+def run_on(args: argparse.Namespace, database: str) -> tuple[int, Outcome]:
     started = time.monotonic()
-    with running_stack(workers=args.workers) as stack:
+    with running_stack(workers=args.workers, database=database) as stack:
         cluster = plan(stack, args.steps[-1], args.nodes_per_job, args.trainers)
         register_jobs(stack, cluster.jobs)
         print(f"stack up and {len(cluster.jobs)} jobs registered in {time.monotonic() - started:.0f} s", flush=True)
         pool = LoadPool(args.procs, LoadConfig(stack.url, args.batch_age_s, args.train_hz))
         try:
-            return ramp(stack, pool, cluster, args)
+            code, outcome = ramp(stack, pool, cluster, args)
+            outcome.database = database
+            return code, outcome
         finally:
             if any(p.is_alive() for p in pool.processes):
                 for process in pool.processes:
@@ -194,10 +235,9 @@ def summarise_log(log: Path) -> None:
     print(f"collector log: {tracebacks} tracebacks ({common}); kept in {kept}")
 
 
-def ramp(stack: Stack, pool: LoadPool, cluster: Cluster, args: argparse.Namespace) -> int:
+def ramp(stack: Stack, pool: LoadPool, cluster: Cluster, args: argparse.Namespace) -> tuple[int, Outcome]:
     assert stack.process is not None
-    postgres = stack.postgres_pid()
-    roots = {"collector": [stack.process.pid], "postgres": [postgres] if postgres else [], "load": pool.pids()}
+    roots = {"collector": [stack.process.pid], "postgres": stack.postgres_pids(), "load": pool.pids()}
     every_root = [pid for pids in roots.values() for pid in pids]
     pool.add([], cluster.trainers)
     print(HEADER, flush=True)
@@ -226,7 +266,7 @@ def ramp(stack: Stack, pool: LoadPool, cluster: Cluster, args: argparse.Namespac
     return report(stack, steps, held, final)
 
 
-def report(stack: Stack, steps: list[Step], held: int, final: dict[str, Any]) -> int:
+def report(stack: Stack, steps: list[Step], held: int, final: dict[str, Any]) -> tuple[int, Outcome]:
     stored = probe.stored(stack.database_url)
     expected = {"gpu_samples": final["gpu_records"], "host_samples": final["host_records"],
                 "steps": final["steps"], "log lines": final["logs"]}
@@ -249,17 +289,22 @@ def report(stack: Stack, steps: list[Step], held: int, final: dict[str, Any]) ->
     print(f"bytes per GPU sample: {stored.gpu_bytes / rows:.0f} in gpu_samples + {stored.minute_bytes / rows:.0f} "
           f"in gpu_minutes = {(stored.gpu_bytes + stored.minute_bytes) / rows:.0f} ({stored.gpu_samples:,} samples)")
     problems = 0
+    lost_all = extra_all = 0
     for kind, want in expected.items():
         got = found[kind]
         lost, extra = max(0, want - got), max(0, got - want)
         problems += lost + extra
+        lost_all, extra_all = lost_all + lost, extra_all + extra
         print(f"{kind:>13}: sent {want:,}, stored {got:,}, lost {lost:,}, extra {extra:,}")
     problems += stored.gpu_sample_duplicates
     print(f"duplicate GPU samples by (job, node, gpu_index, ts): {stored.gpu_sample_duplicates:,}; "
           f"shippers: dropped {final['dropped_records']}, refused batches {final['rejected_batches']}, "
           f"quarantined {final['quarantined_batches']}, spooled batches {final['spooled_batches']}, "
           f"all flushed at the end: {final['flushed']}")
-    return 1 if problems else 0
+    held_steps = [s for s in steps if s.nodes == held]
+    outcome = Outcome("", held, held_steps[-1].p99_s if held_steps else math.nan, lost_all,
+                      extra_all + stored.gpu_sample_duplicates)
+    return (1 if problems else 0), outcome
 
 
 def main() -> None:

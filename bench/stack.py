@@ -33,15 +33,24 @@ class Stack:
     process: subprocess.Popen[bytes] | None = field(default=None, repr=False)
     postgres_data: Path | None = None
     """The embedded server's data directory (its ``postmaster.pid`` names the server's process)."""
+    more_postgres_data: list[Path] = field(default_factory=list)
+    """Other servers of the database (a Citus cluster's workers)."""
 
     def postgres_pid(self) -> int | None:
         """The postmaster's pid (its backends are its children), ``None`` when not running."""
-        if self.postgres_data is None:
-            return None
-        try:
-            return int((self.postgres_data / "postmaster.pid").read_text().split()[0])
-        except (OSError, ValueError, IndexError):
-            return None
+        pids = self.postgres_pids()
+        return pids[0] if pids else None
+
+    def postgres_pids(self) -> list[int]:
+        """Every server's postmaster pid: the database's, then a Citus cluster's workers'."""
+        pids = []
+        datas = [self.postgres_data] if self.postgres_data is not None else []
+        for data in [*datas, *self.more_postgres_data]:
+            try:
+                pids.append(int((data / "postmaster.pid").read_text().split()[0]))
+            except (OSError, ValueError, IndexError):
+                continue
+        return pids
 
     def stop_collector(self) -> None:
         """Stop the collector, leaving the database up (to time what runs while it is away)."""
@@ -63,14 +72,40 @@ def _wait_ready(url: str, process: subprocess.Popen[bytes], log: Path, timeout: 
             time.sleep(0.2)
 
 
+def _database(work: Path, kind: str) -> tuple[str, list[EmbeddedPostgres]]:
+    """The migrated database the stack writes to, and its servers (the first one's URL).
+
+    ``embedded``: the wheel's PostgreSQL. ``pg15``: Debian's PostgreSQL 15 alone, and ``citus``: a
+    coordinator and two workers of it with Citus (tests/citus/cluster.py), distributed as
+    ``jobsight migrate --citus`` does; these two compare like with like."""
+    if kind == "embedded":
+        server = EmbeddedPostgres(work / "postgres")
+        url = server.start()
+        migrate.upgrade(url)
+        return url, [server]
+    from jobsight.collector.citus import distribute
+    from tests.citus.cluster import citus_missing, start_citus_cluster, start_single_server
+
+    if kind == "pg15":
+        single = start_single_server(work)
+        migrate.upgrade(single.url)
+        return single.url, [single]
+    why = citus_missing()
+    if why is not None:
+        raise SystemExit(f"--citus: {why}")
+    cluster = start_citus_cluster(work)
+    migrate.upgrade(cluster.url)
+    distribute(cluster.url)
+    return cluster.url, [cluster.coordinator, *cluster.workers]
+
+
 @contextmanager
-def running_stack(workers: int = 1) -> Iterator[Stack]:
+def running_stack(workers: int = 1, database: str = "embedded") -> Iterator[Stack]:
     with tempfile.TemporaryDirectory(prefix="jobsight-bench-") as tmp:
         work = Path(tmp)
         os.chmod(work, 0o755)  # the embedded server runs as its own user when we are root
-        server = EmbeddedPostgres(work / "postgres")
-        database_url = server.start()
-        migrate.upgrade(database_url)
+        database_url, servers = _database(work, database)
+        server = servers[0]
         secret = work / "cluster_secret"
         secret.write_text(os.urandom(32).hex() + "\n")
         secret.chmod(0o600)
@@ -82,14 +117,16 @@ def running_stack(workers: int = 1) -> Iterator[Stack]:
             process = subprocess.Popen([sys.executable, "-m", "jobsight", "collector", "--workers", str(workers)],
                                        env=env, cwd=REPO, stdout=out, stderr=subprocess.STDOUT)
         url = f"http://127.0.0.1:{port}"
-        stack = Stack(database_url, url, "", work, secret, process, postgres_data=server.data_dir)
+        stack = Stack(database_url, url, "", work, secret, process, postgres_data=server.data_dir,
+                      more_postgres_data=[s.data_dir for s in servers[1:]])
         try:
             _wait_ready(url, process, log)
             stack.token = (work / "data" / "admin_token").read_text().strip()
             yield stack
         finally:
             stack.stop_collector()
-            server.destroy()
+            for each in servers:
+                each.destroy()
 
 
 def median_time(fn: Callable[[], Any], repeat: int) -> float:

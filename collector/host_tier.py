@@ -54,7 +54,7 @@ RANGE: Final = sample_range("host_samples", "host_sample_blocks")
 _ORDER: Final = ", ".join(["ts", *HOST_VALUES])
 
 JOB_DAY_HAS_SAMPLES: Final = """
-SELECT EXISTS (SELECT FROM host_samples WHERE job_id = %(job)s AND ts >= %(day)s AND ts < %(day_end)s)
+SELECT EXISTS (SELECT 1 FROM host_samples WHERE job_id = %(job)s AND ts >= %(day)s AND ts < %(day_end)s)
 """
 """Whether a job has raw host samples on a day: the blocks of a job-day without are left as they are."""
 

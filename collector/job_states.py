@@ -93,8 +93,9 @@ def more_specific(stored: str | None, heard: str) -> str:
 def rank_sql(expression: str) -> str:
     """SQL for :data:`SPECIFICITY` of ``expression`` (a column or a parameter); -1 for ``running``,
     NULL or anything else, so an update can keep the most specific state in one statement."""
-    whens = " ".join(f"WHEN '{state}' THEN {rank}" for state, rank in SPECIFICITY.items())
-    return f"(CASE {expression} {whens} ELSE -1 END)"
+    # A searched CASE: Citus deparses a simple one (CASE $1 WHEN ...) over a parameter wrongly.
+    whens = " ".join(f"WHEN ({expression}) = '{state}' THEN {rank}" for state, rank in SPECIFICITY.items())
+    return f"(CASE {whens} ELSE -1 END)"
 
 
 def slurm_name(state: str | None) -> str:

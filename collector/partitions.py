@@ -155,7 +155,7 @@ class PartitionKeeper:
             if row is not None and row[0]:
                 # The lock keeps a late row from arriving between the look and the drop.
                 cur.execute(sql.SQL("LOCK TABLE {} IN ACCESS EXCLUSIVE MODE").format(sql.Identifier(name)))
-                found = cur.execute(sql.SQL("SELECT EXISTS (SELECT FROM {})").format(sql.Identifier(name))).fetchone()
+                found = cur.execute(sql.SQL("SELECT EXISTS (SELECT 1 FROM {})").format(sql.Identifier(name))).fetchone()
                 empty = found is not None and not found[0]
                 if empty:
                     cur.execute(sql.SQL("DROP TABLE {}").format(sql.Identifier(name)))

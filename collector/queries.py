@@ -457,7 +457,7 @@ def epoch_starts(conn: Connection, cluster: str, job_id: str) -> list[dict[str, 
 
 _EPOCH_STARTS = """SELECT epoch, ts FROM epoch_starts WHERE job_id = %(job)s AND cluster = %(cluster)s
                    ORDER BY epoch"""
-_HAS_STEP_MINUTES = "SELECT FROM step_minutes WHERE job_id = %(job)s AND cluster = %(cluster)s LIMIT 1"
+_HAS_STEP_MINUTES = "SELECT 1 FROM step_minutes WHERE job_id = %(job)s AND cluster = %(cluster)s LIMIT 1"
 _EPOCH_STARTS_FROM_STEPS = """
 SELECT epoch, min(ts) AS ts FROM steps
 WHERE job_id = %(job)s AND cluster = %(cluster)s AND epoch IS NOT NULL AND coalesce(phase, 'train') = 'train'

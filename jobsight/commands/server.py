@@ -24,6 +24,9 @@ def configure_parser(name: str, parser: argparse.ArgumentParser) -> None:
     elif name == "migrate":
         parser.add_argument("--check", action="store_true", help="exit 1 if the schema is not current")
         parser.add_argument("--downgrade", metavar="REVISION", help="downgrade to REVISION (e.g. base)")
+        parser.add_argument("--citus", action="store_true",
+                            help="then distribute the schema on the Citus coordinator JOBSIGHT_DATABASE_URL "
+                                 "names (idempotent; README Scale)")
 
 
 def load_settings() -> CollectorSettings:
@@ -62,6 +65,23 @@ def run_migrate(settings: CollectorSettings, args: argparse.Namespace) -> int:
             migrate.upgrade(url)
     except Exception as exc:  # boundary: any migration failure becomes one line for the admin
         raise CliError(f"migration failed: {str(exc).splitlines()[0]}", code=1) from exc
+    if getattr(args, "citus", False) and not args.downgrade:
+        return _distribute(url)
+    return 0
+
+
+def _distribute(url: str) -> int:
+    from jobsight.collector.citus import CitusError, distribute
+
+    try:
+        placement = distribute(url)
+    except CitusError as exc:
+        raise CliError(f"citus: {exc}", code=1) from exc
+    except Exception as exc:  # boundary: a refusal of Citus's becomes one line for the admin
+        raise CliError(f"citus: distributing the schema failed: {str(exc).splitlines()[0]}", code=1) from exc
+    print(f"citus: {len(placement.distributed)} distributed tables, {len(placement.reference)} reference, "
+          f"{len(placement.local)} local ({', '.join(placement.local)}); placed now: "
+          f"{', '.join(placement.placed_now) or 'none (already distributed)'}")
     return 0
 
 
