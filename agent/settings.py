@@ -64,6 +64,18 @@ class AgentSettings:
     set aside; ``poison_after_s`` must have passed too (see ``agent/shipping/poison.py``)."""
     poison_after_s: float = 120.0
     """Seconds from the first such try before a batch may be set aside."""
+    kineto_daemon: bool = True
+    """The node daemon answers PyTorch processes' profiler requests (``KINETO_USE_DAEMON=1``,
+    exported by the task prolog): on-demand profiles of jobs without our callback."""
+    kineto_socket: str = "dynolog"
+    """The abstract Unix socket Kineto asks (its name is fixed in PyTorch; Dynolog's too)."""
+    kineto_socket_dir: str | None = None
+    """``None``: the abstract socket. A directory: the socket file ``<dir>/<kineto_socket>`` there,
+    which processes find through ``KINETO_IPC_SOCKET_DIR`` (the task prolog exports it)."""
+    kineto_trace_dir: str = "/var/lib/jobsight/traces"
+    """Node-local directory of the traces being written, one 0700 directory per job, owned by its user."""
+    kineto_trace_cap_bytes: int = 64 * 1024 * 1024
+    """A trace larger than this is refused (read no further) and its request fails."""
 
     def collector_endpoint(self) -> CollectorEndpoint:
         parsed = urlparse(self.url)
@@ -119,10 +131,15 @@ _ENV_NAMES = {
     "directive_poll_s": "JOBSIGHT_DIRECTIVE_POLL_S",
     "poison_tries": "JOBSIGHT_POISON_TRIES",
     "poison_after_s": "JOBSIGHT_POISON_AFTER_S",
+    "kineto_daemon": "JOBSIGHT_KINETO_DAEMON",
+    "kineto_socket": "JOBSIGHT_KINETO_SOCKET",
+    "kineto_socket_dir": "JOBSIGHT_KINETO_SOCKET_DIR",
+    "kineto_trace_dir": "JOBSIGHT_KINETO_TRACE_DIR",
+    "kineto_trace_cap_bytes": "JOBSIGHT_KINETO_TRACE_CAP_BYTES",
 }
 
 # Integer settings with a floor: below it the setting would mean nothing (or everything).
-_AT_LEAST = {"poison_tries": 1}
+_AT_LEAST = {"poison_tries": 1, "kineto_trace_cap_bytes": 1024}
 
 
 def _convert(name: str, raw: Any, default: Any) -> Any:

@@ -238,6 +238,14 @@ def task_prolog_lines(env: dict[str, str], settings: AgentSettings, hooks: HookS
     would need quoting are left out rather than risk a broken environment."""
     job = job_id_from_env(env)
     values = {"JOBSIGHT_URL": settings.url, "JOBSIGHT_CLUSTER": settings.cluster, "JOBSIGHT_JOB_ID": job}
+    # PyTorch then asks the node daemon for a profiling config (agent/node/kineto_service.py); a
+    # job's own KINETO_USE_DAEMON (0 to opt out) is left as it is.
+    if settings.kineto_daemon and "KINETO_USE_DAEMON" not in env:
+        values["KINETO_USE_DAEMON"] = "1"
+        if settings.kineto_socket_dir:
+            values["KINETO_IPC_SOCKET_DIR"] = settings.kineto_socket_dir
+        # Newer Kineto writes a daemon's trace only into the directory named here.
+        values["KINETO_ONDEMAND_TRACE_DIR"] = os.path.join(settings.kineto_trace_dir, job)
     try:
         with open(token_path(hooks.token_dir, job), encoding="ascii") as handle:
             values["JOBSIGHT_TOKEN"] = handle.read().strip()

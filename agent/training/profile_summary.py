@@ -243,6 +243,71 @@ def summarize(prof: Any, steps: int, top: int = TOP_OPS) -> dict[str, Any]:
     }
 
 
+def _self_times(ops: Sequence[Mapping[str, Any]]) -> list[tuple[str, float, float]]:
+    """``(name, duration, self time)`` of each op: its duration less that of the ops nested
+    directly in it on its own thread (the torch profiler's "self" time)."""
+    by_thread: dict[tuple[Any, Any], list[Mapping[str, Any]]] = defaultdict(list)
+    for op in ops:
+        by_thread[(op.get("pid"), op.get("tid"))].append(op)
+    rows: list[tuple[str, float, float]] = []
+    for thread_ops in by_thread.values():
+        thread_ops.sort(key=lambda e: (float(e.get("ts", 0)), -float(e.get("dur", 0))))
+        stack: list[list[Any]] = []  # [name, start, end, duration, self]
+        for op in thread_ops:
+            start, duration = float(op.get("ts", 0)), float(op.get("dur", 0))
+            while stack and stack[-1][2] <= start:
+                rows.append((stack[-1][0], stack[-1][3], stack[-1][4]))
+                stack.pop()
+            if stack:
+                stack[-1][4] -= duration
+            stack.append([str(op.get("name", "?"))[:200], start, start + duration, duration, duration])
+        rows += [(name, duration, own) for name, _, _, duration, own in stack]
+    return rows
+
+
+def summarize_trace(events: Sequence[Mapping[str, Any]], steps: int, top: int = TOP_OPS) -> dict[str, Any]:
+    """:func:`summarize` from a Chrome trace alone: for a process that Kineto profiled on its own
+    (no profiler object in hand). Ops are the trace's ``cpu_op`` and ``user_annotation`` events,
+device time its kernels';
+    no input shapes, memory or source lines (the trace does not carry them)."""
+    # User annotations (``Optimizer.step#SGD.step``) are rows of the profiler's table too; its
+    # step markers are not.
+    ops = [e for e in events if e.get("ph") == "X" and e.get("cat") in ("cpu_op", "user_annotation")
+           and not str(e.get("name", "")).startswith("ProfilerStep#")]
+    rows: dict[str, dict[str, Any]] = {}
+    for name, duration, own in _self_times(ops):
+        row = rows.setdefault(name, {"name": name, "calls": 0, "self_cpu_us": 0.0, "cpu_total_us": 0.0,
+                                     "self_device_us": 0.0})
+        row["calls"] += 1
+        row["self_cpu_us"] += max(own, 0.0)
+        row["cpu_total_us"] += duration
+    kernels: dict[str, dict[str, Any]] = {}
+    for event in events:
+        if event.get("ph") == "X" and event.get("cat") == "kernel":
+            name = str(event.get("name", "?"))[:200]
+            row = kernels.setdefault(name, {"name": name, "calls": 0, "self_cpu_us": 0.0, "cpu_total_us": 0.0,
+                                            "self_device_us": 0.0})
+            row["calls"] += 1
+            row["self_device_us"] += float(event.get("dur", 0))
+    for row in [*rows.values(), *kernels.values()]:
+        row["calls_per_step"] = round(row["calls"] / max(steps, 1), 1)
+        for key in ("self_cpu_us", "cpu_total_us", "self_device_us"):
+            row[key] = round(row[key], 1)
+    by_cpu = sorted(rows.values(), key=lambda r: -r["self_cpu_us"])[:top]
+    by_device = sorted(kernels.values(), key=lambda r: -r["self_device_us"])[:top]
+    called = [{**{k: r[k] for k in ("name", "calls", "calls_per_step", "self_cpu_us")}, "source": None}
+              for r in sorted(rows.values(), key=lambda r: -r["calls_per_step"])[:MOST_CALLED]]
+    return {
+        "steps": steps,
+        "ops_by_self_cpu": by_cpu,
+        "ops_by_self_device": by_device,
+        "most_called": called,
+        "stacks": False,
+        "self_cpu_total_us": round(sum(r["self_cpu_us"] for r in rows.values()), 1),
+        "self_device_total_us": round(sum(r["self_device_us"] for r in kernels.values()), 1),
+    }
+
+
 def memory_facts() -> dict[str, Any] | None:
     """Peak and total CUDA memory, allocator retries and OOMs; ``None`` without CUDA or when torch cannot tell."""
     import torch

@@ -22,9 +22,10 @@ from types import FrameType
 from typing import Any, Final
 
 from jobsight.agent.node.daemon import MIN_INTERVAL_S, NodeDaemon
+from jobsight.agent.node.kineto_service import KinetoService, write_status
 from jobsight.agent.node.nvml import NvmlSampler, NvmlUnavailable
 from jobsight.agent.settings import AgentSettings, load_agent_settings
-from jobsight.agent.shipping.shipper import get_shipper
+from jobsight.agent.shipping.shipper import Shipper, get_shipper
 from jobsight.cli import CliError
 from jobsight.protocol.tokens import DEFAULT_SECRET_FILE, NodeTokenSource
 
@@ -147,6 +148,17 @@ def _node_token(tokens: NodeTokenSource) -> str | None:
         return None
 
 
+def _start_kineto(settings: AgentSettings, shipper: Shipper, once: bool) -> KinetoService | None:
+    """The PyTorch profiler's endpoint on this node (``None``: off, or stepped aside for a
+    Dynolog that holds the socket); its status is logged and written beside the registrations."""
+    if once or not settings.kineto_daemon:
+        return None
+    service = KinetoService(settings, shipper)
+    started = service.start()
+    write_status(settings, {"kineto": {"serving": service.status.serving, "message": service.status.message}})
+    return service if started else None
+
+
 def _serve(settings: AgentSettings, once: bool, stop: threading.Event) -> int:
     sampler = NvmlSampler(settings.nvml_library)
     try:
@@ -164,12 +176,16 @@ def _serve(settings: AgentSettings, once: bool, stop: threading.Event) -> int:
     shipper.start()  # replay what an earlier run left in the spool
     current_token = settings.token
 
+    kineto = _start_kineto(settings, shipper, once)
+
     def renew() -> None:
         nonlocal current_token
         fresh = _node_token(tokens)
         if fresh is not None and fresh != current_token:
             current_token = fresh
             shipper.set_token(fresh)
+            if kineto is not None:
+                kineto.client.set_token(fresh)
 
     daemon = NodeDaemon(settings, sampler, shipper)
     log.info(
@@ -182,6 +198,8 @@ def _serve(settings: AgentSettings, once: bool, stop: threading.Event) -> int:
     try:
         daemon.run(stop, once=once, before_tick=renew if minting else None)
     finally:
+        if kineto is not None:
+            kineto.stop()
         drained = shipper.flush(DRAIN_TIMEOUT_S)
         shipper.shutdown(SHUTDOWN_TIMEOUT_S)
         sampler.close()

@@ -130,8 +130,16 @@ def test_prolog_task_prolog_epilog(collector: LiveCollector, hook_env: dict[str,
     assert result.returncode == 0
     lines = result.stdout.splitlines()
     assert lines == [f"export JOBSIGHT_URL={collector.url}", "export JOBSIGHT_CLUSTER=default",
-                     f"export JOBSIGHT_JOB_ID={job}", f"export JOBSIGHT_TOKEN={token_file.read_text().strip()}"]
+                     f"export JOBSIGHT_JOB_ID={job}", "export KINETO_USE_DAEMON=1",
+                     f"export KINETO_ONDEMAND_TRACE_DIR=/var/lib/jobsight/traces/{job}",
+                     f"export JOBSIGHT_TOKEN={token_file.read_text().strip()}"]
     token = lines[-1].split("=", 1)[1]
+    # KINETO_USE_DAEMON: PyTorch asks the node daemon for profiling configs, unless the site turns it
+    # off or the job set it itself.
+    result, _ = run_hook("task-prolog", {**task_env, "JOBSIGHT_KINETO_DAEMON": "0"})
+    assert "export KINETO_USE_DAEMON=1" not in result.stdout.splitlines()
+    result, _ = run_hook("task-prolog", {**task_env, "KINETO_USE_DAEMON": "0"})
+    assert "export KINETO_USE_DAEMON=1" not in result.stdout.splitlines()
     log = {"kind": "log", "job": job, "ts": now_us(), "level": "INFO", "message": "from the job"}
     assert ingest(collector.url, token, [log]) == 200
     assert ingest(collector.url, token, [{**log, "job": new_job()}]) == 403
