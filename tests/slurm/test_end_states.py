@@ -26,7 +26,8 @@ from typing import Any
 import psycopg
 import pytest
 
-from tests.conftest import REPO, LiveCollector
+from tests.conftest import LiveCollector
+from tests.slurm.job_page import open_job_page
 from tests.slurm.test_e2e import FINAL_STATES, SLURM_BINARIES, _free_port, _setup_cluster, _unavailable, job_state
 
 pytestmark = pytest.mark.slurm
@@ -165,19 +166,7 @@ def test_exit_3_is_failed_with_3_and_the_job_page_says_so_as_slurm_does(
     assert ends.wait_final(job) == ("FAILED", "3:0")
     assert ends.stored(job) == ("failed", 3)
     # The job page (an admin, through the dashboard's own sign-in path) reads the stored row.
-    import streamlit as st
-    from streamlit.testing.v1 import AppTest
-
-    for name, value in (("JOBSIGHT_DATABASE_URL", ends.database_url), ("JOBSIGHT_DASHBOARD_AUTH_MODE", "oidc"),
-                        ("JOBSIGHT_DASHBOARD_ADMIN_USERS", "root"), ("JOBSIGHT_DASHBOARD_CLUSTER", "default")):
-        monkeypatch.setenv(name, value)
-    st.cache_data.clear()
-    at = AppTest.from_file(str(REPO / "dashboard" / "app.py"), default_timeout=60)
-    at.user = {"is_logged_in": True, "preferred_username": "root"}
-    at.run()
-    at.query_params.update({"cluster": "default", "job": job})
-    at.switch_page("views/job.py").run()
-    assert not at.exception, [e.value for e in at.exception]
+    at = open_job_page(ends.database_url, job, monkeypatch)
     assert {m.label: m.value for m in at.metric}["State"] == "FAILED (exit code 3)"
 
 

@@ -12,7 +12,8 @@ import time
 
 import pytest
 
-from tests.slurm.test_e2e import E2E_DIR, REPO, Cluster, cluster, job_state  # noqa: F401 (the fixture)
+from tests.slurm.job_page import open_job_page
+from tests.slurm.test_e2e import E2E_DIR, Cluster, cluster, job_state  # noqa: F401 (the fixture)
 
 pytest.importorskip("torch", reason="torch is not installed (pip install 'jobsight[frameworks]')")
 
@@ -46,19 +47,8 @@ def test_a_job_without_the_callback_is_profiled_from_the_job_page(
     try:
         cluster.wait_for(f"job {job} registered", lambda: bool(cluster.scalar(
             "SELECT count(*) FROM jobs WHERE job_id = %s AND state = 'running'", job)))
-        # The job page, as its user's admin sees it, with the form a user fills in.
-        from streamlit.testing.v1 import AppTest
-
-        for name, value in (("JOBSIGHT_DATABASE_URL", cluster.database_url),
-                            ("JOBSIGHT_DASHBOARD_AUTH_MODE", "oidc"), ("JOBSIGHT_DASHBOARD_ADMIN_USERS", "root"),
-                            ("JOBSIGHT_DASHBOARD_CLUSTER", "default")):
-            monkeypatch.setenv(name, value)
-        at = AppTest.from_file(str(REPO / "dashboard" / "app.py"), default_timeout=60)
-        at.user = {"is_logged_in": True, "preferred_username": "root"}
-        at.run()
-        at.query_params.update({"cluster": "default", "job": job})
-        at.switch_page("views/job.py").run()
-        assert not at.exception, [e.value for e in at.exception]
+        # The job page, as an admin sees it, with the form a user fills in.
+        at = open_job_page(cluster.database_url, job, monkeypatch)
         at.number_input[0].set_value(3)
         next(b for b in at.button if b.label == "Request profile").click().run()
         assert any("Profile request" in s.value for s in at.success)
