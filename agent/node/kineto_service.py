@@ -9,8 +9,8 @@ node-local endpoint for a profiling config every few seconds (:mod:`kineto_endpo
   (``JOBSIGHT_JOB_ID``, else Slurm's variables), the job must be registered on this node, and
   the sender's uid must be the job's. Anything else gets "no config".
 * **Only what the job asked for.** The job's open profile requests come from the collector
-  (``GET /v1/directives``, polled only while jobs run here). A process whose rank a pending
-  request names gets one config: N optimizer iterations, its trace written into
+  (``GET /v1/directives`` with the job's own token, every 3 s, only for jobs whose processes
+  poll). A process whose rank a pending request names gets one config: N optimizer iterations, its trace written into
   ``<trace dir>/<job>/``, a directory owned by the job's user, mode 0700. One trace at a time per
   process; the request is reported ``running``.
 * **Reading the trace safely.** The file is opened with ``O_NOFOLLOW`` and read only if it is a
@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
+from jobsight.agent.atomic_files import write_atomically
 from jobsight.agent.node.kineto_endpoint import Credentials, EndpointBusy, KinetoEndpoint
 from jobsight.agent.node.kineto_wire import KinetoRequest
 from jobsight.agent.node.registrations import Registration, read_registrations
@@ -50,6 +51,8 @@ from jobsight.protocol import diagnosis, wire
 log = logging.getLogger("jobsight.agent.kineto")
 
 DIRECTIVE_POLL_S: Final = 3.0
+ASKING_S: Final = 30.0
+"""A job whose processes polled within this long is asked about at the collector (Kineto polls every 5 s)."""
 WINDOW_TIMEOUT_S: Final = 120.0
 """A window that has written no readable trace this long after its config was handed out fails."""
 MAX_ENVIRON_BYTES: Final = 256 * 1024
@@ -99,10 +102,7 @@ def write_status(settings: AgentSettings, status: dict[str, Any]) -> None:
     path = status_path(settings)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(status, indent=2) + "\n", encoding="utf-8")
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
+        write_atomically(path, json.dumps(status, indent=2) + "\n", 0o644)
     except OSError as exc:
         log.warning("jobsight agent: cannot write %s: %s", path, exc)
 
@@ -221,6 +221,8 @@ class KinetoService:
         self._polled_at = -1e9
         self._lock = threading.Lock()
         self._reports: deque[tuple[str, int, str, str | None]] = deque()
+        self._asking: dict[str, float] = {}
+        """Jobs whose processes polled lately → when: the only ones the collector is asked about."""
         self._job_clients: dict[str, CollectorClient] = {}
         """Each running job's client, with the job's own token (see :meth:`_client_for`)."""
         self._stop = threading.Event()
@@ -293,7 +295,13 @@ class KinetoService:
         registrations = {r.job_id: r for r in read_registrations(self.registration_dir)}
         pending: dict[str, list[PendingRequest]] = {}
         self._forget_clients(registrations)
+        with self._lock:
+            asking = {job for job, at in self._asking.items() if now - at < ASKING_S}
+            self._asking = {job: at for job, at in self._asking.items() if job in asking}
+        # Only jobs whose processes poll us are asked about: a node's other jobs cost the collector nothing.
         for job, registration in registrations.items():
+            if job not in asking:
+                continue
             answer = self._client_for(registration).request("GET", "/v1/directives", query={"job": job})
             body = answer.json() if answer.status == 200 else None
             if not isinstance(body, dict):
@@ -376,6 +384,8 @@ class KinetoService:
         if owner != creds.uid or (registration.uid is not None and registration.uid != creds.uid):
             self._refuse("uid not the job's")
             return None
+        with self._lock:
+            self._asking[job] = self.clock()
         if creds.pid in self._windows:
             return None  # one trace at a time per process
         if len(self._polled) > MAX_PROCESSES:

@@ -20,7 +20,14 @@ from jobsight.commands.report import format_report
 from jobsight.protocol import links
 from jobsight.protocol.wire import now_us
 from tests.collector.helpers import gz, post
-from tests.collector.test_alerts import Receiver, add_job, open_finding, settings_with, sink_name
+from tests.collector.test_alerts import (  # noqa: F401 (receiver: the fixture)
+    Receiver,
+    add_job,
+    open_finding,
+    receiver,
+    settings_with,
+    sink_name,
+)
 
 UTC = dt.UTC
 PUBLIC = "https://hpc.example/jobsight/"
@@ -30,14 +37,6 @@ S = 1_000_000
 
 def _query(url: str) -> dict[str, list[str]]:
     return parse_qs(urlsplit(url).query)
-
-
-@pytest.fixture
-def receiver() -> Iterator[Receiver]:
-    server = Receiver()
-    server.start()
-    yield server
-    server.stop()
 
 
 @pytest.fixture
@@ -74,7 +73,7 @@ def test_each_alert_line_links_its_findings_moment() -> None:
 
 
 def test_a_sent_alert_links_the_job_page_at_the_findings_moment(
-    db: psycopg.Connection[Any], job_id: str, receiver: Receiver
+    db: psycopg.Connection[Any], job_id: str, receiver: Receiver  # noqa: F811 (the fixture)
 ) -> None:
     job = add_job(db, job_id)
     settings = settings_with({"name": sink_name(), "url": receiver.url()})

@@ -237,7 +237,10 @@ def test_another_jobs_process_asking_with_its_pids_gets_nothing(node: Node, tmp_
     node.register(victim)
     node.register(other)
     _request(node.collector, victim)
+    node.service._asking[victim] = time.monotonic()  # as if the victim's own processes polled
+    node.service._polled_at = -1e9
     node.service._refresh()  # the victim's request is known to the service
+    assert [p.id for p in node.service._pending[victim]], node.service._pending
     sender = tmp_path / "pose.py"
     sender.write_text(textwrap.dedent(f"""
         import socket, sys, uuid
