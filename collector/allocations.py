@@ -1,4 +1,4 @@
-"""The Slurm allocations a node token is checked against, kept a short while per process.
+"""The Slurm allocations (and owners) tokens are checked against, kept a short while per process.
 
 Every batch a node daemon sends is checked against its job's allocation (the nodes the prolog
 registered), and reading it was one database round trip per request: at a few hundred
@@ -16,6 +16,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from typing import Final
 
 ALLOCATION_TTL_S: Final = 30.0
@@ -23,8 +24,17 @@ ALLOCATION_TTL_S: Final = 30.0
 MAX_JOBS: Final = 100_000
 """Entries kept at most; beyond, the oldest reads are forgotten first."""
 
-Allocation = list[str] | None
-"""The nodes of a job's allocation; ``None``: not registered by a prolog yet."""
+@dataclass(frozen=True, slots=True)
+class Registered:
+    """A job a prolog registered: the nodes of its Slurm allocation and the uid it runs as (``None``
+    where the prolog did not know it)."""
+
+    nodes: tuple[str, ...]
+    uid: int | None = None
+
+
+Allocation = Registered | None
+"""A job's registration; ``None``: known, but not registered by a prolog yet."""
 Reader = Callable[[str, list[str]], dict[str, Allocation]]
 """Reads the allocations of jobs of a cluster from the database (absent: unknown job)."""
 

@@ -43,6 +43,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from jobsight.collector.allocations import Allocation, Registered
 from jobsight.protocol.tokens import TokenError, looks_like_token, verify_token
 from jobsight.protocol.wire import Batch
 
@@ -65,6 +66,16 @@ class Principal:
     job: str | None = None
     node: str | None = None
     cluster: str | None = None
+    uid: int | None = None
+    """A job token's uid, as the prolog minted it (``None``: minted without one)."""
+
+
+def sender_of(principal: Principal) -> str:
+    """Who sent a batch, as the ingest ledger keys it: a batch id ``(source, seq)`` is unique per
+    sender, so one sender can never make another's batch a duplicate (docs/security.md)."""
+    if principal.kind == "admin":
+        return "admin"
+    return f"{principal.kind}:{principal.cluster}/{principal.job if principal.kind == 'job' else principal.node}"
 
 
 def _digest(token: str) -> bytes:
@@ -164,27 +175,28 @@ class Authenticator:
             claims = verify_token(self._secret, token, now)
         except TokenError as exc:
             raise AuthError(401, str(exc)) from exc
-        return Principal(claims.kind, job=claims.job, node=claims.node, cluster=claims.cluster)
+        return Principal(claims.kind, job=claims.job, node=claims.node, cluster=claims.cluster, uid=claims.uid)
 
     def authorize_batch(
         self,
         principal: Principal,
         batch: Batch,
-        allocations: Mapping[str, Sequence[str] | None] | None = None,
+        allocations: Mapping[str, Allocation] | None = None,
     ) -> None:
         """Raise :class:`AuthError` (403, naming the record) unless ``principal`` may write
         every record of ``batch``.
 
-        ``allocations`` maps each job id of the batch to its Slurm allocation as the
-        collector registered it (``None``, empty or absent: not known yet); it is only
-        consulted for node tokens (see :func:`batch_jobs_to_check`).
+        ``allocations`` maps each job id of the batch to its registration as the collector holds it
+        (``None`` or absent: not registered by a prolog yet); see :func:`batch_jobs_to_check`.
         """
         if principal.kind == "admin":
             return
         if batch.cluster != principal.cluster:
             raise AuthError(403, f"a {principal.kind} token of cluster {principal.cluster!r} "
                                  f"cannot write into cluster {batch.cluster!r}")
+        known = dict(allocations or {})
         if principal.kind == "job":
+            check_job_owner(principal, known.get(principal.job or ""))
             for index, record in enumerate(batch.records):
                 if record["job"] != principal.job:
                     raise AuthError(403, f"record {index}: a job token of job {principal.job} "
@@ -192,22 +204,21 @@ class Authenticator:
                 _check_job_token_lifecycle(index, record)
             return
         node = principal.node
-        known = dict(allocations or {})
         for index, record in enumerate(batch.records):
             if record.get("node") not in (None, node):
                 raise AuthError(403, f"record {index}: the node token of {node} "
                                      f"cannot write records of node {record.get('node')}")
             job = record["job"]
-            allocation = known.get(job)
-            if allocation:
-                _check_allocated(index, record, node, allocation)
+            registered = known.get(job)
+            if registered is not None and registered.nodes:
+                _check_allocated(index, record, node, registered.nodes)
             elif record["kind"] == "job_started":
                 named = record.get("nodes") or [record.get("node") or node]
                 if node not in named:
                     raise AuthError(403, f"record {index}: the node token of {node} cannot register job {job} "
                                          f"on nodes {', '.join(named)} that do not include it")
                 if record.get("user") is not None:
-                    known[job] = named  # registered from here on, as ingest will store it
+                    known[job] = Registered(tuple(named), record.get("uid"))  # as ingest will store it
 
     def authorize_read(self, principal: Principal, job: str | None = None, cluster: str | None = None) -> None:
         """Raise :class:`AuthError` unless ``principal`` may read ``job`` of ``cluster``
@@ -237,10 +248,27 @@ def _check_allocated(index: int, record: Mapping[str, Any], node: str | None, al
 
 
 def batch_jobs_to_check(principal: Principal, batch: Batch) -> list[str]:
-    """The job ids whose allocations :meth:`Authenticator.authorize_batch` needs."""
-    if principal.kind != "node":
-        return []
-    return sorted({r["job"] for r in batch.records})
+    """The job ids whose registrations :meth:`Authenticator.authorize_batch` needs: every job of a
+    node token's batch, a job token's own job."""
+    if principal.kind == "node":
+        return sorted({r["job"] for r in batch.records})
+    if principal.kind == "job" and principal.job is not None:
+        return [principal.job]
+    return []
+
+
+def check_job_owner(principal: Principal, registered: Allocation) -> None:
+    """Raise :class:`AuthError` (403) unless a job token was minted for the uid its job runs as.
+
+    A job token names a job and a uid; once a prolog registered the job with its uid, a token of
+    another uid (or of none) is not this job's, whatever job id it names: the token may have been
+    minted for a job of the same id before it (an id Slurm reused) or by a fooled hook."""
+    if principal.kind != "job" or registered is None or registered.uid is None:
+        return
+    if principal.uid != registered.uid:
+        minted = "no uid" if principal.uid is None else f"uid {principal.uid}"
+        raise AuthError(403, f"a job token minted for {minted} cannot act for job {principal.job}, "
+                             f"which runs as uid {registered.uid}")
 
 
 # What Slurm says about a job (who ran it, where, on what, for how long) comes from the

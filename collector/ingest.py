@@ -1,6 +1,6 @@
 """Storing validated batches, several in one transaction (a group commit).
 
-Each batch's id ``(source, seq)`` goes into ``ingest_batches`` in the same transaction as
+Each batch's id ``(source, seq)``, with its sender, goes into ``ingest_batches`` in the same transaction as
 its rows (STYLE rule 4), so a batch is stored completely once or not at all, however often
 the agent retries it, and whichever group it lands in. A group writes one COPY per table,
 one upsert of each GPU rollup (minutes, then hours), one of the step rollup, at most one write
@@ -14,6 +14,8 @@ collector processes) wait for one another rather than deadlock.
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -76,25 +78,68 @@ def ensure_partitions(conn: Connection, keeper: PartitionKeeper, prepared: Prepa
         keeper.ensure(conn, table, days)
 
 
+LEGACY_SENDER = "*"
+"""The sender of ledger rows stored before senders were recorded (migration 0011): any sender."""
+_LEGACY_RECHECK_S = 600.0
+
+
+class _LegacyLedger:
+    """Whether the ledger still holds rows of unknown sender, asked at most every
+    :data:`_LEGACY_RECHECK_S`: a new install has none and never will (new rows name their sender),
+    so its groups never pay for the look-up."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._asked_at: float | None = None
+        self._present = True
+
+    def present(self, conn: Connection) -> bool:
+        with self._lock:
+            now = time.monotonic()
+            if self._asked_at is not None and (not self._present or now - self._asked_at < _LEGACY_RECHECK_S):
+                return self._present
+            row = conn.execute("SELECT EXISTS (SELECT 1 FROM ingest_batches WHERE sender = %s) AS present",
+                               (LEGACY_SENDER,)).fetchone()
+            self._present, self._asked_at = bool(row and row["present"]), now
+            return self._present
+
+
+_LEGACY = _LegacyLedger()
+
+
+def _stored_before_senders(conn: Connection, keys: Sequence[tuple[str, str, int]]) -> set[tuple[str, int]]:
+    """The batch ids among ``keys`` that a row of unknown sender already holds."""
+    if not keys or not _LEGACY.present(conn):
+        return set()
+    rows = conn.execute(
+        "SELECT source, seq FROM ingest_batches WHERE sender = %s AND source = ANY(%s) AND seq = ANY(%s)",
+        (LEGACY_SENDER, sorted({k[0] for k in keys}), sorted({k[2] for k in keys})),
+    ).fetchall()
+    return {(row["source"], row["seq"]) for row in rows}
+
+
 def _claim(conn: Connection, items: Sequence[Item]) -> list[bool]:
-    """Insert the batch ids; which batches are new. A batch id twice in one group is a replay
+    """Insert the batch ids; which batches are new. A batch id is its sender's ``(source, seq)``: one
+    sender's batches never make another's duplicates. A batch id twice in one group is a replay
     the second time, as it would be in two requests one after the other."""
-    first: dict[tuple[str, int], int] = {}
-    for index, (batch, _) in enumerate(items):
-        first.setdefault((batch.source, batch.seq), index)
-    keys = sorted(first)  # one lock order for every group
+    first: dict[tuple[str, str, int], int] = {}
+    for index, (batch, prepared) in enumerate(items):
+        first.setdefault((batch.source, prepared.sender, batch.seq), index)
+    old = _stored_before_senders(conn, list(first))
+    keys = sorted(k for k in first if (k[0], k[2]) not in old)  # one lock order for every group
     claimed = conn.execute(
-        "INSERT INTO ingest_batches (source, seq, cluster, records) "
-        "SELECT * FROM unnest(%s::text[], %s::int8[], %s::text[], %s::int4[]) "
-        "ON CONFLICT (source, seq) DO NOTHING RETURNING source, seq",
+        "INSERT INTO ingest_batches (source, sender, seq, cluster, records) "
+        "SELECT * FROM unnest(%s::text[], %s::text[], %s::int8[], %s::text[], %s::int4[]) "
+        "ON CONFLICT (source, sender, seq) DO NOTHING RETURNING source, sender, seq",
         (
             [k[0] for k in keys],
             [k[1] for k in keys],
+            [k[2] for k in keys],
             [items[first[k]][0].cluster for k in keys],
             [len(items[first[k]][0].records) for k in keys],
         ),
     ).fetchall()
-    new = {first[(row["source"], row["seq"])] for row in claimed}
+    new = {first[(row["source"], row["sender"], row["seq"])] for row in claimed}
     return [index in new for index in range(len(items))]
 
 

@@ -98,6 +98,9 @@ class PreparedBatch:
     counts: dict[str, int] = field(default_factory=dict)
     minutes: MinuteRollup = field(default_factory=MinuteRollup)
     step_minutes: StepRollup = field(default_factory=StepRollup)
+    sender: str = "admin"
+    """Who sent the batch (:func:`jobsight.collector.auth.sender_of`), set once it is authorised: its
+    id ``(source, seq)`` is unique per sender in the ledger."""
 
 
 def _dropped_as_log(record: dict[str, Any]) -> dict[str, Any]:

@@ -10,9 +10,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Annotated, Any
 
-from fastapi import Depends, Query
+from fastapi import Depends, Query, Request
+from psycopg_pool import ConnectionPool
 
 from jobsight.collector import queries
+from jobsight.collector.allocations import Allocation, AllocationCache
+from jobsight.collector.auth import Principal, check_job_owner
 from jobsight.collector.db import unit_of_work
 from jobsight.collector.deps import Auth, CurrentPrincipal, Pool, Settings
 from jobsight.collector.errors import NotFound
@@ -51,10 +54,28 @@ def resolve_cluster(principal: CurrentPrincipal, settings: Settings, cluster: Cl
 ResolvedCluster = Annotated[str, Depends(resolve_cluster)]
 
 
-def authorized_job(job_id: str, cluster: ResolvedCluster, principal: CurrentPrincipal, auth: Auth) -> JobKey:
+def check_token_owner(state: Any, pool: ConnectionPool[Any], principal: Principal, cluster: str, job: str) -> None:
+    """For a job token: raise :class:`~jobsight.collector.auth.AuthError` (403) unless it was minted
+    for the uid its job runs as (:func:`~jobsight.collector.auth.check_job_owner`); the registration
+    comes through the process's allocation cache, so an agent's polls cost no query each."""
+    if principal.kind != "job":
+        return
+    cache: AllocationCache = state.allocations
+
+    def read(cluster: str, jobs: list[str]) -> dict[str, Allocation]:
+        with unit_of_work(pool) as conn:
+            return queries.job_allocations(conn, cluster, jobs)
+
+    check_job_owner(principal, cache.get(cluster, [job], read).get(job))
+
+
+def authorized_job(
+    request: Request, job_id: str, cluster: ResolvedCluster, principal: CurrentPrincipal, auth: Auth, pool: Pool
+) -> JobKey:
     """``job_id`` (the path parameter) of the resolved cluster, once ``principal`` may read it
     (:class:`~jobsight.collector.auth.AuthError` otherwise)."""
     auth.authorize_read(principal, job_id, cluster)
+    check_token_owner(request.app.state, pool, principal, cluster, job_id)
     return JobKey(cluster, job_id)
 
 

@@ -1,8 +1,8 @@
 """A job's state as Slurm names it, and which of two end states the collector keeps.
 
 A job's end is heard from several places, in any order: each node's epilog (environment plus
-``scontrol show job``), the training process's own ``job_ended``, reconciliation with ``sacct`` or
-``scontrol`` (collector/reconcile.py), and the silent-node rule that marks a job ``lost``. They do
+``squeue --json``), the training process's own ``job_ended``, reconciliation with ``sacct`` or
+``squeue`` (collector/reconcile.py), and the silent-node rule that marks a job ``lost``. They do
 not all know as much: a training process that died of SIGTERM only knows it exited 143, where the
 epilog or ``sacct`` knows Slurm cancelled it at its time limit. So the collector keeps the **most
 specific** state it has heard: a later record replaces the stored state only when it ranks at least

@@ -18,6 +18,7 @@ from typing import Any
 from psycopg.pq import TransactionStatus
 
 from jobsight.collector import host_tier, sampling, step_rollup, tiers
+from jobsight.collector.allocations import Registered
 from jobsight.collector.db import Connection
 
 MAX_POINTS = 5000
@@ -465,18 +466,18 @@ GROUP BY epoch ORDER BY epoch
 """
 
 
-def job_allocations(conn: Connection, cluster: str, job_ids: list[str]) -> dict[str, list[str] | None]:
-    """The Slurm allocation (node list) of each known job, as its first prolog registered it;
-    ``None`` for a job known only from other records, whose allocation is not known yet.
-    Unknown jobs are absent. Used to authorise node tokens."""
+def job_allocations(conn: Connection, cluster: str, job_ids: list[str]) -> dict[str, Registered | None]:
+    """The registration (Slurm allocation and uid) of each known job, as its first prolog wrote it;
+    ``None`` for a job known only from other records, not registered yet. Unknown jobs are absent.
+    Used to authorise node and job tokens."""
     # A prolog's job_started is what sets user_name (job tokens may not), and it replaces
     # the nodes seen before it with the allocation (ingest._job_started).
     rows = conn.execute(
-        """SELECT job_id, CASE WHEN user_name IS NOT NULL THEN nodes END AS nodes
+        """SELECT job_id, user_name IS NOT NULL AS registered, nodes, uid
            FROM jobs WHERE cluster = %s AND job_id = ANY(%s)""",
         (cluster, job_ids),
     ).fetchall()
-    return {r["job_id"]: r["nodes"] for r in rows}
+    return {r["job_id"]: Registered(tuple(r["nodes"] or ()), r["uid"]) if r["registered"] else None for r in rows}
 
 
 def recent_train_steps(conn: Connection, cluster: str, job_id: str, *, limit: int = 5000) -> list[dict[str, Any]]:

@@ -4,7 +4,7 @@ A job's end normally arrives as ``job_ended`` from its epilog. When it never doe
 the hook reached nothing and its spool went with the node), one periodic pass settles it:
 
 * **Slurm's word.** The running jobs with Slurm ids are asked of ``sacct`` where it answers
-  (slurmdbd), and those it does not know of ``scontrol show job`` (slurmctld remembers a job for
+  (slurmdbd), and those it does not know of ``squeue --json`` (slurmctld remembers a job for
   ``MinJobAge`` after its end). An end state there ends the job: state and exit code as Slurm
   says, Slurm's end time, the summary computed. A job Slurm says still runs or waits is left alone.
 * **The lost rule.** A running job Slurm says nothing about (no Slurm on this host, or the job
@@ -43,7 +43,7 @@ from jobsight.collector.slurm_jobs import (
     SlurmCommandError,
     SlurmRecord,
     ask_sacct,
-    ask_scontrol,
+    ask_squeue,
     find_command,
 )
 from jobsight.collector.summaries import refresh_ended
@@ -115,7 +115,7 @@ class Reconciliation:
 
     running: int = 0
     asked: list[str] = field(default_factory=list)
-    """The commands that answered (``sacct``, ``scontrol``)."""
+    """The commands that answered (``sacct``, ``squeue``)."""
     failed: list[str] = field(default_factory=list)
     """Why a command gave no answer."""
     ended: dict[JobKey, str] = field(default_factory=dict)
@@ -132,11 +132,11 @@ class JobReconciler:
     def __init__(self, settings: ReconcileSettings) -> None:
         self.settings = settings
         self.sacct = find_command(settings.sacct)
-        self.scontrol = find_command(settings.scontrol)
+        self.squeue = find_command(settings.squeue)
         self._complaints: dict[str, str] = {}
-        if self.sacct is None and self.scontrol is None:
+        if self.sacct is None and self.squeue is None:
             log.info("reconcile: neither %s nor %s on this host: only the lost rule applies",
-                     settings.sacct, settings.scontrol)
+                     settings.sacct, settings.squeue)
 
     # -- asking Slurm ------------------------------------------------------------------------------
 
@@ -166,20 +166,20 @@ class JobReconciler:
 
     def ask_slurm(self, job_ids: Sequence[str], result: Reconciliation) -> dict[str, tuple[SlurmRecord, str]]:
         """Slurm's record of each job it knows, with the command that said it: ``sacct`` first, then
-        ``scontrol`` for the jobs ``sacct`` could not answer for."""
+        ``squeue`` for the jobs ``sacct`` could not answer for."""
         out: dict[str, tuple[SlurmRecord, str]] = {}
         for job, record in (self._ask_sacct(job_ids, result) or {}).items():
             out[job] = (record, "sacct")
         missing = [job for job in job_ids if job not in out]
-        if missing and self.scontrol is not None:
+        if missing and self.squeue is not None:
             try:
-                records = ask_scontrol(self.scontrol, self.settings.command_timeout_s)
+                records = ask_squeue(self.squeue, self.settings.command_timeout_s)
             except SlurmCommandError as exc:
-                self._complain("scontrol", str(exc), result)
+                self._complain("squeue", str(exc), result)
             else:
-                self._answered("scontrol")
-                result.asked.append("scontrol")
-                out.update((job, (records[job], "scontrol")) for job in missing if job in records)
+                self._answered("squeue")
+                result.asked.append("squeue")
+                out.update((job, (records[job], "squeue")) for job in missing if job in records)
         return out
 
     def _slurm_ids(self, rows: Sequence[Mapping[str, Any]]) -> list[str]:
@@ -234,8 +234,8 @@ class JobReconciler:
         """What Slurm said of the job, for the reason of its loss."""
         if not SLURM_JOB_ID.match(job):
             return "not a Slurm job"
-        if self.sacct is None and self.scontrol is None:
-            return "no sacct or scontrol on the collector host"
+        if self.sacct is None and self.squeue is None:
+            return "no sacct or squeue on the collector host"
         if other_job:
             return "Slurm's job of that id started after this one went silent"
         return "Slurm did not know the job" if result.asked else "Slurm gave no answer"

@@ -29,18 +29,19 @@ class ReconcileSettings(TomlTableSettings):
     once its nodes have sent nothing for this long; 0: never."""
     sacct: str = "sacct"
     """The ``sacct`` command (a name looked up on ``PATH``, or a path). Where it is missing or says
-    accounting is off, ``scontrol`` is asked instead."""
-    scontrol: str = "scontrol"
-    """The ``scontrol`` command; where neither it nor ``sacct`` exists only the ``lost`` rule applies."""
+    accounting is off, ``squeue`` is asked instead."""
+    squeue: str = "squeue"
+    """The ``squeue`` command (asked ``--json``: Slurm 21.08 and later); where neither it nor ``sacct``
+    exists only the ``lost`` rule applies."""
     command_timeout_s: float = Field(15.0, gt=0, le=600)
     """Each command is killed after this long; the pass goes on as if it had not answered."""
     recheck_ended_s: float = Field(3600.0, ge=0)
     """Jobs that ended this recently, by their epilog, are checked once against ``sacct`` (never
-    ``scontrol``), which may know a more specific state (``timeout`` where the epilog said
+    ``squeue``), which may know a more specific state (``timeout`` where the epilog said
     ``completed``); 0: never."""
     clusters: list[str] = Field(default_factory=list)
     """The jobsight clusters whose jobs the Slurm on this host answers for; empty: all of them. A site
-    whose collector serves several Slurm clusters lists the one its ``sacct``/``scontrol`` talk to."""
+    whose collector serves several Slurm clusters lists the one its ``sacct``/``squeue`` talk to."""
     start_tolerance_s: float = Field(600.0, gt=0)
     """Slurm's record is taken as the job's only if Slurm's start falls between the job's start and
     its last record, give or take this much: a job id Slurm has since reused is not this job."""

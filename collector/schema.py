@@ -332,11 +332,14 @@ ingest_batches = Table(
     "ingest_batches",
     metadata,
     Column("source", Text, nullable=False),
+    # Who sent it (collector/ingest.py ``sender_of``): a batch id is unique per sender, so nobody can
+    # make another's batch a duplicate. ``*``: stored before senders were recorded, any sender.
+    Column("sender", Text, nullable=False),
     Column("seq", BigInteger, nullable=False),
     Column("cluster", Text, nullable=False),
     Column("records", Integer, nullable=False),
     Column("received_at", TS, nullable=False, server_default=text("now()")),
-    PrimaryKeyConstraint("source", "seq"),
+    PrimaryKeyConstraint("source", "sender", "seq"),
     Index(None, "received_at"),
 )
 

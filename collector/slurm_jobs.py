@@ -1,5 +1,6 @@
-"""What Slurm itself says about jobs, from ``sacct`` (slurmdbd's accounting) or ``scontrol show job``
-(slurmctld's memory, ``MinJobAge`` after a job ends), for the reconciliation pass.
+"""What Slurm itself says about jobs, from ``sacct`` (slurmdbd's accounting) or ``squeue --json``
+(slurmctld's memory, ``MinJobAge`` after a job ends), for the reconciliation pass. Only fields no
+user writes are read: ``sacct``'s chosen columns, ``squeue``'s JSON values (never a job's name).
 
 Each command runs with a timeout and ``SLURM_TIME_FORMAT=%s`` (times as epoch seconds, whatever the
 host's time zone). A command that is missing, times out, exits non-zero (``sacct`` on a cluster
@@ -12,13 +13,14 @@ components of a heterogeneous job (``1234+0``, ``1234+1``) answer for ``1234`` t
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
 import subprocess
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Final
+from typing import Any, Final
 
 from jobsight.collector import job_states
 
@@ -107,24 +109,55 @@ def parse_sacct(text: str) -> dict[str, SlurmRecord]:
     return _merge(records)
 
 
-_FIELD = re.compile(r"(?:^|\s)(JobId|ArrayJobId|ArrayTaskId|HetJobId|JobState|ExitCode|StartTime|EndTime)=(\S*)")
+def _number(value: Any) -> int | None:
+    """A count in either shape of ``squeue --json`` (22.05: plain; later: ``{set, infinite, number}``)."""
+    if isinstance(value, dict):
+        if not value.get("set", True) or value.get("infinite"):
+            return None
+        value = value.get("number")
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
-def parse_scontrol(text: str) -> dict[str, SlurmRecord]:
-    """``scontrol show job --oneliner`` output (one job a line), by the id users see."""
-    records = []
-    for line in text.splitlines():
-        fields = dict(_FIELD.findall(line))
-        if "JobId" not in fields or "JobState" not in fields:
-            continue
-        job = fields["JobId"]
-        if fields.get("ArrayJobId") and fields.get("ArrayTaskId", "").isdigit():
-            job = f"{fields['ArrayJobId']}_{fields['ArrayTaskId']}"
-        elif fields.get("HetJobId"):
-            job = fields["HetJobId"]
-        records.append(SlurmRecord(job, fields["JobState"], exit_code(fields.get("ExitCode", "")),
-                                   _epoch(fields.get("StartTime", "")), _epoch(fields.get("EndTime", ""))))
-    return _merge(records)
+def _json_exit(value: Any) -> int | None:
+    """``exit_code`` as the epilog reads it: 22.05's raw wait status, or the later object."""
+    if isinstance(value, dict):
+        code = _number(value.get("return_code"))
+        signal_field = value.get("signal")
+        signal = _number(signal_field.get("id")) if isinstance(signal_field, dict) else None
+        if code is None and signal is None:
+            return None
+        return 128 + signal if signal else (code or 0)
+    raw = _number(value)
+    if raw is None or raw < 0:
+        return None
+    return 128 + (raw & 0x7F) if raw & 0x7F else (raw >> 8) & 0xFF
+
+
+def _json_record(job: Mapping[str, Any]) -> SlurmRecord | None:
+    own = _number(job.get("job_id"))
+    state = job.get("job_state")
+    if isinstance(state, list):  # 23.02 and later: the base state first, then flags
+        state = state[0] if state else None
+    if own is None or not isinstance(state, str) or not state:
+        return None
+    array, task, het = (_number(job.get(k)) for k in ("array_job_id", "array_task_id", "het_job_id"))
+    public = f"{array}_{task}" if array and task is not None and task >= 0 else str(het) if het else str(own)
+    start, end = _number(job.get("start_time")), _number(job.get("end_time"))
+    return SlurmRecord(public, state, _json_exit(job.get("exit_code")),
+                       float(start) if start else None, float(end) if end else None)
+
+
+def parse_squeue(text: str) -> dict[str, SlurmRecord]:
+    """``squeue --json`` output, by the id users see. Every field is Slurm's own value: a job named
+    ``JobId=4242 JobState=COMPLETED`` is only a name here (the text form made it a second id)."""
+    try:
+        answer = json.loads(text)
+    except ValueError as exc:
+        raise SlurmCommandError("squeue --json printed no JSON") from exc
+    jobs = answer.get("jobs") if isinstance(answer, dict) else None
+    if not isinstance(jobs, list):
+        raise SlurmCommandError("squeue --json printed no job list")
+    return _merge(r for r in (_json_record(j) for j in jobs if isinstance(j, dict)) if r is not None)
 
 
 def find_command(name: str) -> str | None:
@@ -158,6 +191,6 @@ def ask_sacct(sacct: str, job_ids: Sequence[str], timeout_s: float) -> dict[str,
     return out
 
 
-def ask_scontrol(scontrol: str, timeout_s: float) -> dict[str, SlurmRecord]:
-    """Every job slurmctld still remembers, in one call."""
-    return parse_scontrol(_run([scontrol, "--oneliner", "show", "job"], timeout_s))
+def ask_squeue(squeue: str, timeout_s: float) -> dict[str, SlurmRecord]:
+    """Every job slurmctld still remembers (``MinJobAge`` after its end), in one call."""
+    return parse_squeue(_run([squeue, "--json", "--states=all"], timeout_s))

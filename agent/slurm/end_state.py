@@ -2,7 +2,7 @@
 
 Slurm 22.05 gives the epilog no state: only the batch script's exit status
 (``SLURM_JOB_EXIT_CODE2``, ``exit:signal``), which reads ``0:0`` for a job cancelled with
-``scancel`` or killed at its time limit. ``scontrol show job`` during the epilog says more, but its
+``scancel`` or killed at its time limit. Slurm's answer (``squeue --json``) during the epilog says more, but its
 ``JobState`` is ``COMPLETING`` until every node's epilog is done; the cause is in its other fields:
 
 * ``JobState`` already an end state (an epilog that ran late, or another Slurm): that;
@@ -22,11 +22,11 @@ from __future__ import annotations
 import re
 from typing import Final
 
-# Slurm's end states as scontrol/squeue print them.
+# Slurm's end states as squeue prints them.
 _ENDS: Final = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL",
                           "PREEMPTED", "BOOT_FAIL", "DEADLINE"})
 _REQUEUES: Final = frozenset({"REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED"})
-# scontrol's Reason= (slurm job_state_reason_string) → the end it means.
+# squeue's state_reason (slurm job_state_reason_string) → the end it means.
 _REASONS: Final[dict[str, str]] = {
     "TimeLimit": "TIMEOUT",
     "DeadLine": "DEADLINE",
@@ -50,12 +50,12 @@ def as_exit_code(pair: tuple[int, int]) -> int:
 
 
 def end_state(fields: dict[str, str], restart_count: int, env_exit: int | None) -> tuple[str | None, int | None]:
-    """``(state, exit_code)`` in Slurm's names from ``scontrol show job``'s ``fields``
-    (:func:`jobsight.agent.slurm.job.scontrol_job`) and the environment's exit code.
+    """``(state, exit_code)`` in Slurm's names from Slurm's answer ``fields``
+    (:func:`jobsight.agent.slurm.squeue.ask_squeue`) and the environment's exit code.
 
-    ``state`` is ``None`` when scontrol said nothing (not run, timed out, job forgotten): the
+    ``state`` is ``None`` when squeue said nothing (not run, timed out, job forgotten): the
     collector then reads the exit code alone. ``exit_code`` prefers the environment's unless it is 0
-    and scontrol saw a non-zero status (a cancelled job: environment ``0:0``, scontrol ``0:15``).
+    and squeue saw a non-zero status (a cancelled job: environment ``0:0``, squeue ``0:15``).
     """
     seen = parse_exit(fields.get("exit_code"))
     exit_code = env_exit

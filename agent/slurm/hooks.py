@@ -13,7 +13,7 @@ jobsight never drains a node or fails a job.
 * **task prolog** (the job's user, before every task): prints one ``export NAME=value``
   line each for the collector URL, cluster, job id and token. No network.
 * **epilog** (root): posts ``job_ended`` with the job's end state as Slurm names it and its exit
-  code (the environment, and one ``scontrol show job`` bounded like a network call:
+  code (the environment, and one ``squeue --json`` bounded like a network call:
   :mod:`jobsight.agent.slurm.end_state`), removes the registration and the token file, and replays
   what earlier hooks spooled.
 
@@ -47,11 +47,11 @@ from jobsight.agent.slurm.job import (
     job_from_env,
     job_id_from_env,
     job_time_limit,
-    scontrol_job,
     slurm_job_id,
     with_slurm_ids,
 )
 from jobsight.agent.slurm.sender import NET_TIMEOUT_S, HookSender, spool_dir
+from jobsight.agent.slurm.squeue import SQUEUE, ask_squeue
 from jobsight.protocol import wire
 from jobsight.protocol.tokens import DEFAULT_SECRET_FILE, mint_job_token, mint_node_token, read_cluster_secret
 
@@ -61,9 +61,8 @@ HOOKS: Final = ("prolog", "epilog", "task-prolog")
 REPLAY_BUDGET_S: Final = 1.0
 DEFAULT_TOKEN_DIR: Final = "/run/jobsight/tokens"
 DEFAULT_GRACE_S: Final = 3600
-# A job without a known time limit (UNLIMITED, or scontrol unavailable) gets this.
+# A job without a known time limit (UNLIMITED, or squeue unavailable) gets this.
 DEFAULT_TOKEN_TTL_S: Final = 30 * 86400
-SCONTROL: Final = "/usr/bin/scontrol"
 _SAFE_VALUE = re.compile(r"^[A-Za-z0-9_./:@%+,=-]+$")
 
 
@@ -77,7 +76,8 @@ class HookSettings:
     grace_s: int = DEFAULT_GRACE_S
     log_file: str | None = None
     """``None``: problems go to syslog (facility daemon, or user for the task prolog)."""
-    scontrol: str = SCONTROL
+    squeue: str = SQUEUE
+    """Slurm's ``squeue``, asked ``--json`` for what the environment lacks (JOBSIGHT_SQUEUE)."""
 
 
 def load_hook_settings(env: dict[str, str]) -> HookSettings:
@@ -93,7 +93,7 @@ def load_hook_settings(env: dict[str, str]) -> HookSettings:
         token_dir=env.get("JOBSIGHT_TOKEN_DIR") or DEFAULT_TOKEN_DIR,
         grace_s=grace,
         log_file=env.get("JOBSIGHT_HOOK_LOG") or None,
-        scontrol=env.get("JOBSIGHT_SCONTROL") or SCONTROL,
+        squeue=env.get("JOBSIGHT_SQUEUE") or SQUEUE,
     )
 
 
@@ -146,8 +146,8 @@ def _node_token(settings: AgentSettings, secret: bytes | None, node: str) -> str
 def run_prolog(env: dict[str, str], settings: AgentSettings, hooks: HookSettings) -> None:
     deadline = time.monotonic() + 2 * NET_TIMEOUT_S
     started_us = wire.now_us()
-    # scontrol knows the job by Slurm's own id; what it says names an array task as users see it (N_i).
-    fields = scontrol_job(env, slurm_job_id(env), hooks.scontrol)
+    # squeue knows the job by Slurm's own id; what it says names an array task as users see it (N_i).
+    fields = ask_squeue(slurm_job_id(env), hooks.squeue, NET_TIMEOUT_S)
     env = with_slurm_ids(env, fields)
     job = job_from_env(env, settings)
     time_limit = job_time_limit(env, fields)
@@ -203,9 +203,9 @@ def _ended_run(job: SlurmJob, settings: AgentSettings) -> SlurmJob:
 
 def run_epilog(env: dict[str, str], settings: AgentSettings, hooks: HookSettings) -> None:
     deadline = time.monotonic() + 2 * NET_TIMEOUT_S
-    # Slurm's own id for scontrol: an array task's or a heterogeneous component's, not the one users see,
-    # which comes from what scontrol says (the epilog's environment names no array), as in the prolog.
-    fields = scontrol_job(env, slurm_job_id(env), hooks.scontrol)
+    # Slurm's own id for squeue: an array task's or a heterogeneous component's, not the one users see,
+    # which comes from what squeue says (the epilog's environment names no array), as in the prolog.
+    fields = ask_squeue(slurm_job_id(env), hooks.squeue, NET_TIMEOUT_S)
     env = with_slurm_ids(env, fields)
     job = _ended_run(job_from_env(env, settings), settings)
     secret = read_secret(hooks.secret_file)

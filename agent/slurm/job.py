@@ -1,19 +1,14 @@
-"""The job a Slurm hook runs for, from Slurm's environment (see ``tests/slurm/NOTES.md``):
-its id, node and user, its GPUs, its time limit (with ``scontrol`` for what the
-environment lacks) and, in the epilog, its exit code."""
+"""The job a Slurm hook runs for, from slurmd's environment (see ``tests/slurm/NOTES.md``):
+its id, node and user, its GPUs, its time limit (with Slurm's structured answer,
+:mod:`jobsight.agent.slurm.squeue`, for what the environment lacks) and, in the epilog, its exit
+code. Nothing here reads text a user wrote (a job name is carried, never parsed)."""
 
 from __future__ import annotations
 
-import logging
-import os
 import re
-import subprocess
 from dataclasses import dataclass
 
 from jobsight.agent.settings import AgentSettings
-from jobsight.agent.slurm.sender import NET_TIMEOUT_S
-
-log = logging.getLogger("jobsight.slurm")
 
 _SAFE_JOB = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]{0,127}$")
 
@@ -40,10 +35,10 @@ def job_id_from_env(env: dict[str, str]) -> str:
 
 
 def slurm_job_id(env: dict[str, str]) -> str:
-    """Slurm's own id of the job (``SLURM_JOB_ID``), which ``scontrol`` knows it by: an array task's
+    """Slurm's own id of the job (``SLURM_JOB_ID``), which ``squeue -j`` knows it by: an array task's
     own number, not ``N_i``. ``ValueError`` when missing or not a job id."""
     job = env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID") or ""
-    if not _SAFE_JOB.match(job):  # never empty: ``scontrol show job`` without an id lists every job
+    if not _SAFE_JOB.match(job):  # never empty: ``squeue`` without an id lists every job
         raise ValueError(f"SLURM_JOB_ID {job!r} is missing or not a job id")
     return job
 
@@ -100,47 +95,9 @@ def parse_time_limit(text: str) -> int | None:
     return days * 86400 + seconds
 
 
-def scontrol_job(env: dict[str, str], job: str, scontrol: str) -> dict[str, str]:
-    """What the hooks' environment lacks, from one ``scontrol show job -o`` with a 1 s timeout;
-    ``{}`` when it cannot be run. Keys: ``time_limit``, ``name`` (for the prolog), ``job_state``,
-    ``reason``, ``exit_code`` (``exit:signal``) and ``restarts`` (for the epilog's end state,
-    :mod:`jobsight.agent.slurm.end_state`), each only when scontrol printed it.
-
-    ``SLURM_JOB_START_TIME``/``SLURM_JOB_END_TIME`` (newer Slurm) give the time limit
-    without it, but the job name still needs it (22.05 gives the prolog no ``SLURM_JOB_NAME``).
-    ``job`` is Slurm's own id (``SLURM_JOB_ID``), which scontrol knows the job by.
-    """
-    if not os.access(scontrol, os.X_OK):
-        return {}
-    try:
-        out = subprocess.run([scontrol, "show", "job", "-o", job], capture_output=True, text=True,
-                             timeout=NET_TIMEOUT_S, check=False, env={"PATH": "/usr/bin:/bin"}).stdout
-    except (OSError, subprocess.SubprocessError) as exc:
-        log.warning("job %s: scontrol show job failed (%s)", job, exc)
-        return {}
-    fields = {}
-    limit = re.search(r"\bTimeLimit=(\S+)", out)
-    if limit:
-        fields["time_limit"] = limit.group(1)
-    # JobName may hold spaces; scontrol prints UserId= right after it.
-    name = re.search(r"\bJobName=(.*?) UserId=", out) or re.search(r"\bJobName=(\S+)", out)
-    if name and name.group(1):
-        fields["name"] = name.group(1)
-    for key, field in (("job_state", "JobState"), ("reason", "Reason"), ("exit_code", "ExitCode"),
-                       ("restarts", "Restarts")):
-        found = re.search(rf"\b{field}=(\S+)", out)
-        if found:
-            fields[key] = found.group(1)
-    # An array task's and a heterogeneous component's ids: 22.05 gives the prolog and epilog neither.
-    for key, field in (("array_job_id", "ArrayJobId"), ("array_task_id", "ArrayTaskId"), ("het_job_id", "HetJobId")):
-        found = re.search(rf"\b{field}=(\d+)(?:\s|$)", out)
-        if found:
-            fields[key] = found.group(1)
-    return fields
-
-
 def with_slurm_ids(env: dict[str, str], fields: dict[str, str]) -> dict[str, str]:
-    """``env`` with the array and heterogeneous-job ids that :func:`scontrol_job` found and the
+    """``env`` with the array and heterogeneous-job ids that Slurm's answer
+    (:func:`jobsight.agent.slurm.squeue.ask_squeue`) gave and the
     environment lacks (slurmd's prolog and epilog environment has none of them in 22.05; the task
     prolog's has them), so that :func:`job_id_from_env` names the job alike in every hook."""
     added = {name: fields[key] for name, key in (("SLURM_ARRAY_JOB_ID", "array_job_id"),

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -26,9 +26,9 @@ from psycopg_pool import ConnectionPool
 from starlette.requests import ClientDisconnect
 from starlette.types import Message, Receive, Scope, Send
 
-from jobsight.collector import ingest, queries
+from jobsight.collector import ingest, queries, self_reported
 from jobsight.collector.allocations import Allocation, AllocationCache
-from jobsight.collector.auth import Authenticator, Principal, batch_jobs_to_check
+from jobsight.collector.auth import Authenticator, Principal, batch_jobs_to_check, sender_of
 from jobsight.collector.db import Connection, autocommit_connection, unit_of_work
 from jobsight.collector.errors import INGEST_PATH, count_reject, error_answer
 from jobsight.collector.group_commit import GroupCommitter
@@ -38,6 +38,7 @@ from jobsight.collector.jobs_seen import JobsSeen
 from jobsight.collector.partitions import PartitionKeeper
 from jobsight.collector.settings import CollectorSettings
 from jobsight.collector.telemetry import CollectorMetrics
+from jobsight.protocol.wire import Batch
 
 
 @asynccontextmanager
@@ -122,6 +123,13 @@ def _job_allocations(ctx: IngestContext, cluster: str, job_ids: list[str]) -> di
     return ctx.allocations.get(cluster, job_ids, read)
 
 
+def _self_reported(principal: Principal, batch: Batch, allocations: Mapping[str, Allocation] | None) -> bool:
+    """Whether a job token sends hardware samples of a job a prolog registered: its node daemon
+    samples those, and the job's own word is kept only as self-reported metrics."""
+    return (principal.kind == "job" and allocations is not None and allocations.get(principal.job or "") is not None
+            and self_reported.has_samples(batch))
+
+
 def _ensure_partitions(pool: Any, keeper: Any, prepared: ingest.PreparedBatch) -> None:
     # Partition DDL needs its own autocommit connection, outside the group's transaction.
     with autocommit_connection(pool) as conn:
@@ -145,6 +153,9 @@ async def ingest_batch(
         if to_check and allocations is None:
             allocations = await run_in_threadpool(_job_allocations, ctx, batch.cluster, to_check)
         ctx.auth.authorize_batch(ctx.principal, batch, allocations)
+        if _self_reported(ctx.principal, batch, allocations):
+            batch, prepared = self_reported.as_self_reported(batch)
+        prepared.sender = sender_of(ctx.principal)
         # Almost every batch lands in days whose partitions exist already: ask the keeper
         # before taking a connection.
         if any(ctx.keeper.missing(table, days) for table, days in prepared.days.items()):

@@ -7,6 +7,7 @@ tests/slurm/test_reconcile_slurm.py."""
 from __future__ import annotations
 
 import datetime as dt
+import json
 import time
 import urllib.request
 import uuid
@@ -25,12 +26,12 @@ from jobsight.collector.partitions import PartitionKeeper
 from jobsight.collector.reconcile import JobReconciler, Reconciler
 from jobsight.collector.reconcile_settings import load_reconcile_settings
 from jobsight.collector.settings import SettingsError
-from jobsight.collector.slurm_jobs import parse_sacct, parse_scontrol
+from jobsight.collector.slurm_jobs import parse_sacct, parse_squeue
 from jobsight.protocol.wire import now_us
 from tests.collector.helpers import gz
 from tests.conftest import LiveCollector, create_database
 
-NO_SLURM = {"sacct": "/nonexistent/sacct", "scontrol": "/nonexistent/scontrol"}
+NO_SLURM = {"sacct": "/nonexistent/sacct", "squeue": "/nonexistent/squeue"}
 S = 1_000_000
 
 
@@ -86,7 +87,7 @@ def test_a_job_whose_epilog_never_posts_is_lost_after_its_limit_plus_grace_and_s
     at its last record, with the reason and a summary. A replayed job_started and late samples leave
     it ended; an epilog heard later still says how it really ended."""
     env = {"JOBSIGHT_RECONCILE_INTERVAL_S": "0.3", "JOBSIGHT_RECONCILE_GRACE_S": "2",
-           "JOBSIGHT_RECONCILE_SACCT": NO_SLURM["sacct"], "JOBSIGHT_RECONCILE_SCONTROL": NO_SLURM["scontrol"]}
+           "JOBSIGHT_RECONCILE_SACCT": NO_SLURM["sacct"], "JOBSIGHT_RECONCILE_SQUEUE": NO_SLURM["squeue"]}
     collector = LiveCollector(fresh_url, data_dir, admin_token, tmp_path / "collector.log", env=env)
     collector.start()
     job = f"rec-{uuid.uuid4().hex[:10]}"
@@ -133,7 +134,7 @@ def test_not_lost_while_within_its_limit_or_still_heard(conn: psycopg.Connection
                  started(unlimited, base - 500 * S), gpu(unlimited, base - 400 * S)])
     store(conn, [{"kind": "log", "job": heard, "ts": base - 10 * S, "node": "n1", "level": "INFO", "message": "x"}])
     reconciler = JobReconciler(load_reconcile_settings(grace_s=60, no_limit_silent_s=1000, **NO_SLURM))
-    assert reconciler.sacct is None and reconciler.scontrol is None
+    assert reconciler.sacct is None and reconciler.squeue is None
 
     result = reconciler.reconcile_once(conn, now=now)
     assert result.lost == [] and result.running == 3
@@ -151,9 +152,9 @@ def test_not_lost_while_within_its_limit_or_still_heard(conn: psycopg.Connection
 def test_a_slurm_command_that_hangs_or_fails_costs_the_pass_nothing(
     conn: psycopg.Connection[dict[str, Any]], tmp_path: Path,
 ) -> None:
-    """``scontrol`` that never answers is killed at the timeout, ``sacct`` on a cluster without
+    """``squeue`` that never answers is killed at the timeout, ``sacct`` on a cluster without
     accounting exits 1: the pass says why, once in the log, and the lost rule still applies."""
-    hangs = tmp_path / "scontrol"
+    hangs = tmp_path / "squeue"
     hangs.write_text("#!/bin/sh\nexec sleep 30\n")
     refuses = tmp_path / "sacct"
     refuses.write_text("#!/bin/sh\necho 'Slurm accounting storage is disabled' >&2\nexit 1\n")
@@ -163,7 +164,7 @@ def test_a_slurm_command_that_hangs_or_fails_costs_the_pass_nothing(
     job = str(900_000_000 + uuid.uuid4().int % 1_000_000)  # a Slurm-shaped id, asked of both commands
     store(conn, [started(job, int((now - 100) * S), time_limit_s=10), gpu(job, int((now - 95) * S))])
     reconciler = JobReconciler(load_reconcile_settings(grace_s=30, command_timeout_s=0.5, sacct=str(refuses),
-                                                       scontrol=str(hangs)))
+                                                       squeue=str(hangs)))
     result = reconciler.reconcile_once(conn, now=now)
     assert result.asked == []
     assert any("sacct exited 1: Slurm accounting storage is disabled" in f for f in result.failed)
@@ -185,15 +186,32 @@ def test_one_process_leads(fresh_url: str) -> None:
 
 
 def test_slurm_output_is_read_as_the_epilog_reads_it() -> None:
-    # Verbatim shape of `SLURM_TIME_FORMAT=%s scontrol --oneliner show job` on the test cluster (22.05).
-    line = ("JobId=51 JobName=e2e UserId=root(0) JobState=TIMEOUT Reason=TimeLimit Dependency=(null) Requeue=1 "
-            "ExitCode=0:15 RunTime=00:01:06 TimeLimit=00:01:00 SubmitTime=1795425351 StartTime=1795425352 "
-            "EndTime=1795425418 Deadline=N/A Partition=gpu NodeList=vm")
-    task = ("JobId=60 ArrayJobId=58 ArrayTaskId=2 JobName=a JobState=PENDING ExitCode=0:0 StartTime=Unknown "
-            "EndTime=Unknown")
-    records = parse_scontrol("\n".join([line, task, "No jobs in the system"]))
+    # The fields reconciliation reads, in the shape of `squeue --json` on the test cluster (22.05): a
+    # timed-out job, a pending array task, and a job whose *name* pretends to be job 4242, completed.
+    answer = {"jobs": [
+        {"job_id": 51, "name": "e2e", "job_state": "TIMEOUT", "state_reason": "TimeLimit", "exit_code": 15,
+         "array_job_id": 0, "array_task_id": None, "het_job_id": 0, "start_time": 1795425352,
+         "end_time": 1795425418},
+        {"job_id": 60, "name": "a", "job_state": "PENDING", "exit_code": 0, "array_job_id": 58, "array_task_id": 2,
+         "het_job_id": 0, "start_time": 0, "end_time": 0},
+        {"job_id": 61, "name": "x JobId=4242 JobState=COMPLETED ExitCode=0:0", "job_state": "FAILED",
+         "exit_code": 768, "array_job_id": 0, "array_task_id": None, "het_job_id": 0, "start_time": 1795425352,
+         "end_time": 1795425353},
+    ]}
+    records = parse_squeue(json.dumps(answer))
     assert (records["51"].end_state, records["51"].exit_code, records["51"].end) == ("timeout", 143, 1795425418.0)
     assert records["58_2"].end_state is None and records["58_2"].start is None
+    assert (records["61"].end_state, records["61"].exit_code) == ("failed", 3)
+    assert "4242" not in records
+    # Slurm 23.02 and later: states as lists, numbers as {set, infinite, number}, exit codes as objects.
+    later = {"jobs": [{"job_id": {"set": True, "infinite": False, "number": 70}, "job_state": ["CANCELLED"],
+                       "exit_code": {"status": ["SIGNALED"], "return_code": {"set": True, "number": 0},
+                                     "signal": {"id": {"set": True, "number": 15}, "name": "TERM"}},
+                       "array_job_id": {"set": True, "number": 0}, "array_task_id": {"set": False, "number": 0},
+                       "het_job_id": {"set": True, "number": 0}, "start_time": {"set": True, "number": 1795425352},
+                       "end_time": {"set": True, "number": 1795425362}}]}
+    assert (parse_squeue(json.dumps(later))["70"].end_state, parse_squeue(json.dumps(later))["70"].exit_code) == (
+        "cancelled", 143)
     sacct = "\n".join(["77|CANCELLED by 0|0:15|1795425352|1795425362", "78|FAILED|3:0|1795425352|1795425353",
                        "79+0|COMPLETED|0:0|1795425352|1795425360", "79+1|OUT_OF_MEMORY|0:125|1795425352|1795425361",
                        "80_[3-5]|PENDING|0:0|Unknown|Unknown"])
@@ -238,7 +256,7 @@ def test_sacct_ends_running_jobs_as_slurm_says_and_only_raises_ended_ones(
                      f"{was_timeout}|COMPLETED|0:0|{t0}|{t0 + 55}\nEOF\n")
     sacct.chmod(0o755)
     reconciler = JobReconciler(load_reconcile_settings(grace_s=60, sacct=str(sacct),
-                                                       scontrol=NO_SLURM["scontrol"]))
+                                                       squeue=NO_SLURM["squeue"]))
     result = reconciler.reconcile_once(conn, now=now)
     assert result.ended == {("default", timed_out): "timeout"}
     row = job_row(conn, timed_out)

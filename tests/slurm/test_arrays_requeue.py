@@ -27,6 +27,7 @@ from jobsight.agent.shipping.spool import Spool
 from jobsight.agent.slurm.hooks import HookSettings, run_hook, task_prolog_lines
 from jobsight.agent.slurm.job import job_id_from_env
 from jobsight.protocol.tokens import verify_token
+from tests.slurm.squeue_stub import squeue_stub
 from tests.slurm.test_e2e import E2E_DIR, Cluster, cluster, job_state  # noqa: F401 (the fixture)
 
 # -- the id, without Slurm ------------------------------------------------------------
@@ -70,18 +71,16 @@ def test_the_task_prolog_exports_the_array_tasks_id_and_its_token(tmp_path: Path
 
 def test_prolog_task_prolog_and_epilog_agree_on_an_array_tasks_id(tmp_path: Path) -> None:
     """slurmd gives the prolog and epilog no SLURM_ARRAY_* (22.05): they learn the task's id from
-    ``scontrol show job`` (a stub printing what Slurm prints for a running task), the task prolog
+    ``squeue --json`` (a stub printing what Slurm prints for a running task), the task prolog
     from its environment, and all three name the files and records alike."""
-    scontrol = tmp_path / "scontrol"
-    scontrol.write_text('#!/bin/sh\necho "JobId=$4 ArrayJobId=1234 ArrayTaskId=7 JobName=arr UserId=root(0) '
-                        'GroupId=root(0) JobState=RUNNING Reason=None TimeLimit=00:10:00 Restarts=0"\n')
-    scontrol.chmod(0o755)
+    squeue = squeue_stub(tmp_path, {"array_job_id": 1234, "array_task_id": 7, "name": "arr", "user_id": 0,
+                                    "time_limit": 10})
     secret = tmp_path / "secret"
     secret.write_text("arrays-test-secret-0123456789abcdef\n")
     secret.chmod(0o600)
     env = {"SLURM_JOB_ID": "1241", "SLURM_JOB_UID": str(os.getuid()), "SLURM_JOB_USER": "root",
            "SLURM_NODELIST": "n1", "SLURMD_NODENAME": "n1", "SLURM_JOB_RESTART_COUNT": "0", "SLURM_JOB_GPUS": "0",
-           "JOBSIGHT_URL": "http://127.0.0.1:1", "JOBSIGHT_SCONTROL": str(scontrol),
+           "JOBSIGHT_URL": "http://127.0.0.1:1", "JOBSIGHT_SQUEUE": squeue,
            "JOBSIGHT_SECRET_FILE": str(secret), "JOBSIGHT_TOKEN_DIR": str(tmp_path / "tokens"),
            "JOBSIGHT_REGISTRATION_DIR": str(tmp_path / "jobs"), "JOBSIGHT_SPOOL_DIR": str(tmp_path / "spool"),
            "JOBSIGHT_HOOK_LOG": str(tmp_path / "hooks.log")}
@@ -150,8 +149,9 @@ def test_an_array_of_three_tasks_is_three_jobs(cluster: Cluster) -> None:  # noq
         return cluster.scalar("SELECT count(*) FROM jobs WHERE job_id = ANY(%s) AND state = 'completed'", tasks) == 3
 
     cluster.wait_for(f"array {array}'s three tasks, ended", ended)
-    rows = cluster.query("SELECT job_id, user_name, name, gpus FROM jobs WHERE job_id LIKE %s ORDER BY job_id",
-                         f"{array}%")
+    # Exactly the array's ids: on a new Slurm the array is job 1, and a LIKE '1%' would match 10, 1_0, ...
+    rows = cluster.query("SELECT job_id, user_name, name, gpus FROM jobs WHERE job_id = ANY(%s) OR job_id = %s "
+                         "ORDER BY job_id", tasks, array)
     # Three jobs under the ids users see; nothing under the array's bare id or the tasks' own ids.
     assert [r[0] for r in rows] == tasks
     own_ids = [cluster.jobs[t]["SLURM_JOB_ID"] for t in tasks]

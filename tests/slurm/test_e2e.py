@@ -100,11 +100,20 @@ def _free_port() -> int:
 
 
 def job_state(job: str) -> tuple[str, str]:
-    out = subprocess.run(["/usr/bin/scontrol", "show", "job", "-o", job], capture_output=True, text=True,
-                         timeout=10).stdout
-    state = re.search(r"\bJobState=(\S+)", out)
-    code = re.search(r"\bExitCode=(\S+)", out)
-    return (state.group(1) if state else "UNKNOWN", code.group(1) if code else "")
+    """``(JobState, ExitCode)`` as Slurm's structured answer gives them (never parsed out of a line
+    that holds the job's name: the hostile tests name jobs ``JobState=NODE_FAIL ...``)."""
+    from jobsight.agent.slurm.squeue import ask_squeue
+
+    slurm_id = job if "_" not in job else _array_task_id(job)
+    fields = ask_squeue(slurm_id, "/usr/bin/squeue", 10.0)
+    return fields.get("job_state", "UNKNOWN"), fields.get("exit_code", "")
+
+
+def _array_task_id(task: str) -> str:
+    """Slurm's own id of array task ``N_i`` (squeue -j N_i answers it)."""
+    out = subprocess.run(["/usr/bin/squeue", "-h", "-t", "all", "-j", task, "-o", "%A"], capture_output=True,
+                         text=True, timeout=10).stdout.split()
+    return out[0] if out else task
 
 
 @dataclass

@@ -18,6 +18,7 @@ import pytest
 from jobsight.protocol.tokens import verify_token
 from jobsight.protocol.wire import encode_batch, now_us
 from tests.conftest import REPO, LiveCollector
+from tests.slurm.squeue_stub import squeue_stub
 
 SECRET = "hooks-test-secret-abcdef0123456789"
 # Runs well under this on an idle machine; the bound catches a hook that waits on a dead collector.
@@ -29,16 +30,13 @@ def hook_env(tmp_path: Path) -> dict[str, str]:
     secret = tmp_path / "cluster_secret"
     secret.write_text(SECRET + "\n")
     secret.chmod(0o600)
-    scontrol = tmp_path / "scontrol"
-    scontrol.write_text('#!/bin/sh\necho "JobId=$4 JobName=my job UserId=nobody(65534) TimeLimit=00:30:00"\n')
-    scontrol.chmod(0o755)
     return {
         "JOBSIGHT_SECRET_FILE": str(secret),
         "JOBSIGHT_TOKEN_DIR": str(tmp_path / "tokens"),
         "JOBSIGHT_REGISTRATION_DIR": str(tmp_path / "jobs"),
         "JOBSIGHT_SPOOL_DIR": str(tmp_path / "spool"),
         "JOBSIGHT_HOOK_LOG": str(tmp_path / "hooks.log"),
-        "JOBSIGHT_SCONTROL": str(scontrol),
+        "JOBSIGHT_SQUEUE": squeue_stub(tmp_path, {"name": "my job", "time_limit": 30}),
         "JOBSIGHT_CLUSTER": "default",
     }
 

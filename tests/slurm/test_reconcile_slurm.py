@@ -1,5 +1,5 @@
 """Reconciliation against a real Slurm: jobs whose epilog posted nothing to this collector end as
-Slurm says, read from ``sacct`` where accounting answers, else from ``scontrol show job``.
+Slurm says, read from ``sacct`` where accounting answers, else from ``squeue --json``.
 
 Each job really runs on the test cluster; its hooks post wherever ``/etc/jobsight/hooks.env``
 points, never to this test's collector (a port of its own, on a database of its own). The test
@@ -95,11 +95,11 @@ def slurm() -> None:
 @pytest.fixture(scope="module")
 def reconciling(slurm: None, postgres: EmbeddedPostgres, data_dir: Path, admin_token: str,
                 tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveCollector]:
-    """A collector on a database of its own, reconciling every 0.5 s with the real sacct and scontrol."""
+    """A collector on a database of its own, reconciling every 0.5 s with the real sacct and squeue."""
     url = create_database(postgres, f"rs_{uuid.uuid4().hex[:12]}")
     migrate.upgrade(url)
     env = {"JOBSIGHT_RECONCILE_INTERVAL_S": "0.5", "JOBSIGHT_RECONCILE_GRACE_S": "3600",
-           "JOBSIGHT_RECONCILE_SACCT": "/usr/bin/sacct", "JOBSIGHT_RECONCILE_SCONTROL": "/usr/bin/scontrol"}
+           "JOBSIGHT_RECONCILE_SACCT": "/usr/bin/sacct", "JOBSIGHT_RECONCILE_SQUEUE": "/usr/bin/squeue"}
     collector = LiveCollector(url, data_dir, admin_token, tmp_path_factory.mktemp("reconcile") / "collector.log",
                               env=env)
     collector.start()
@@ -142,7 +142,7 @@ def check_reconciled(collector: LiveCollector, job: str, fields: dict[str, str],
     log = collector.log_path.read_text()[-3000:]
     assert (row["state"], row["exit_code"]) == (state, code), f"{row}\n{log}"
     assert row["end_time"] == dt.datetime.fromtimestamp(int(fields["EndTime"]), dt.UTC)
-    assert row["attrs"]["end_source"] == ("sacct" if sacct_answers() else "scontrol")
+    assert row["attrs"]["end_source"] == ("sacct" if sacct_answers() else "squeue")
     assert fields["JobState"] in row["attrs"]["end_reason"]
     assert row["gpu_count"] is not None, "the summary is computed when the job is reconciled"
 
