@@ -33,18 +33,22 @@ for hook in prolog epilog task_prolog; do
     [ -x "$slurm_dir/$hook" ] || die "$slurm_dir/$hook missing or not executable"
 done
 
-# slurmd runs the hooks as root and the task prolog as the job user: jobs of users other
-# than root need every directory above the wrappers traversable by others. The tests submit
-# as root, so this only warns.
-d="$slurm_dir"
-while [ "$d" != / ]; do
-    if [ "$(( 0$(stat -c %a "$d") & 01 ))" -eq 0 ]; then
-        say "warning: $d is not traversable by others (chmod o+x): only root's jobs can run the task prolog"
-        break
-    fi
-    d="$(dirname "$d")"
-done
-
+# slurmd runs the hooks as root and the task prolog as the job user: jobs of users other than root
+# (tests/slurm/test_hostile_jobs.py submits as an ordinary user) need every directory above the
+# wrappers, and above the interpreter jobsight runs on, traversable by others. On this test cluster
+# they are made so (o+x: enter, not list): a venv on a Python under /root (pyenv) is otherwise out of
+# every user's reach, and their task prolog would silently export nothing.
+traversable() {  # traversable PATH: o+x on every directory above PATH
+    local d
+    d="$(dirname "$1")"
+    while [ "$d" != / ]; do
+        if [ "$(( 0$(stat -c %a "$d") & 01 ))" -eq 0 ]; then
+            chmod o+x "$d" && say "made $d traversable by others (the job user's task prolog runs below it)"
+        fi
+        d="$(dirname "$d")"
+    done
+}
+traversable "$slurm_dir/task_prolog"
 # --- packages ---------------------------------------------------------------------
 pkgs=(slurmctld slurmd slurm-client munge)
 missing=()
@@ -133,6 +137,11 @@ else
     say "keeping $hooks_env (not written by this script)"
 fi
 [ -x "$JOBSIGHT_BIN" ] || say "warning: $JOBSIGHT_BIN is not executable yet; the hooks will skip jobsight and jobs still run"
+if [ -x "$JOBSIGHT_BIN" ]; then
+    traversable "$JOBSIGHT_BIN"
+    interpreter="$(sed -n '1s/^#![[:space:]]*\([^[:space:]]*\).*/\1/p' "$JOBSIGHT_BIN")"
+    [ -n "$interpreter" ] && [ -e "$interpreter" ] && traversable "$(readlink -f "$interpreter")"
+fi
 
 slurmd_started=0  # epoch seconds when this run (re)started slurmd
 # --- daemons ----------------------------------------------------------------------
