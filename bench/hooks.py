@@ -8,10 +8,10 @@ environment, first against a live collector (its own embedded PostgreSQL, migrat
 with a cluster secret), then with the collector stopped (the hooks spool), and prints
 the median and worst wall time of each. Target: under 300 ms each, both ways.
 
-Both hooks call ``scontrol show job`` (the prolog for the time limit and name, the epilog for
-the end state): the real ``/usr/bin/scontrol`` where it is installed (a round trip to slurmctld when
+Both hooks call ``squeue --json -j`` (the prolog for the time limit and name, the epilog for
+the end state): the real ``/usr/bin/squeue`` where it is installed (a round trip to slurmctld when
 one runs), else a stub script that prints a line as Slurm 22.05 does, so that the call's process
-start is counted either way. ``--scontrol PATH`` picks another.
+start is counted either way. ``--squeue PATH`` picks another.
 """
 
 from __future__ import annotations
@@ -30,17 +30,15 @@ sys.path.insert(0, str(REPO))
 from bench.stack import running_stack  # noqa: E402
 
 TARGET_MS = 300.0
-REAL_SCONTROL = "/usr/bin/scontrol"
-# What scontrol printed during a real epilog (a time limit kill), for the stub.
-STUB_LINE = ("JobId=$4 JobName=bench UserId=nobody(65534) JobState=COMPLETING Reason=TimeLimit Restarts=0 "
-             "ExitCode=0:15 TimeLimit=00:01:00 Partition=gpu NodeList=bench")
+REAL_SQUEUE = "/usr/bin/squeue"
 
 
-def stub_scontrol(work: Path) -> str:
-    path = work / "scontrol-stub"
-    path.write_text(f'#!/bin/sh\necho "{STUB_LINE}"\n')
-    path.chmod(0o755)
-    return str(path)
+def stub_squeue(work: Path) -> str:
+    """What squeue --json says during a real epilog (a time limit kill), for any job asked about."""
+    from tests.slurm.squeue_stub import squeue_stub, wait_status
+
+    return squeue_stub(work, {"name": "bench", "job_state": "COMPLETING", "state_reason": "TimeLimit",
+                              "exit_code": wait_status(0, 15), "time_limit": 1})
 
 
 def hook_command() -> list[str]:
@@ -83,7 +81,7 @@ def report(label: str, times: dict[str, list[float]]) -> bool:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=15)
-    parser.add_argument("--scontrol", help=f"the scontrol the hooks call (default: {REAL_SCONTROL} if present, "
+    parser.add_argument("--squeue", help=f"the squeue the hooks call (default: {REAL_SQUEUE} if present, "
                         "else a stub)")
     args = parser.parse_args()
     with running_stack() as stack:
@@ -93,10 +91,10 @@ def main() -> int:
             "JOBSIGHT_TOKEN_DIR": str(work / "tokens"), "JOBSIGHT_REGISTRATION_DIR": str(work / "jobs"),
             "JOBSIGHT_SPOOL_DIR": str(work / "spool"), "JOBSIGHT_HOOK_LOG": str(work / "hooks.log"),
         }
-        scontrol = args.scontrol or (REAL_SCONTROL if os.access(REAL_SCONTROL, os.X_OK) else stub_scontrol(work))
-        base["JOBSIGHT_SCONTROL"] = scontrol
+        squeue = args.squeue or (REAL_SQUEUE if os.access(REAL_SQUEUE, os.X_OK) else stub_squeue(work))
+        base["JOBSIGHT_SQUEUE"] = squeue
         print(f"jobsight Slurm hooks, wall time per call ({' '.join(hook_command())} slurm HOOK), "
-              f"scontrol show job by {scontrol}")
+              f"squeue --json by {squeue}")
         time_hooks(base, 2, 1)  # warm the page cache and the collector's pool
         ok = report("collector up", time_hooks(base, args.runs, 100))
         stack.stop_collector()

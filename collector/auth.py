@@ -4,7 +4,10 @@ Three kinds of bearer token:
 
 * **admin** (``<data_dir>/admin_token``): everything.
 * **job** (minted by the Slurm prolog with the cluster secret, :mod:`jobsight.protocol.tokens`):
-  writes records whose ``job`` is its job, and only into its cluster; reads its own job.
+  writes records whose ``job`` is its job, and only into its cluster; reads its own job. Once a
+  prolog registered the job with its uid, only a token minted for that uid counts
+  (:func:`check_job_owner`), and its ``gpu_sample``/``host_sample`` records are kept as
+  self-reported metrics, not as the node's samples (:mod:`jobsight.collector.self_reported`).
 * **node** (minted by the node daemon and the root hooks with the cluster secret):
   writes records whose ``node`` (when given) is its node, for jobs whose Slurm
   allocation holds its node, and only into its cluster; cannot read. Any record kind:
@@ -24,8 +27,9 @@ Three kinds of bearer token:
   name an allocation that holds the token's node (every prolog's does). Refusals are
   403 naming the record.
 
-Job and node tokens are accepted only when the collector has a cluster secret
-(``JOBSIGHT_SECRET_FILE``, default ``<data_dir>/cluster_secret``); without one they get
+Every batch is recorded in the ingest ledger under its sender (:func:`sender_of`), so nobody can
+make another's ``(source, seq)`` a duplicate. Job and node tokens are accepted only when the
+collector has a cluster secret (``JOBSIGHT_SECRET_FILE``, default ``<data_dir>/cluster_secret``); without one they get
 401 saying so. Only a SHA-256 of the admin token is kept in memory, and tokens are
 compared in constant time. No token is ever logged.
 """

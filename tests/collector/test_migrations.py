@@ -66,3 +66,19 @@ def test_upgrade_keeps_rows_in_existing_partitions(empty_database_url: str) -> N
         assert conn.execute("SELECT step, tid FROM steps_p20261122").fetchall() == [(1, None)]
     assert migrate.autogenerate_diff(empty_database_url) == []
     migrate.downgrade(empty_database_url, "base")
+
+
+def test_ledger_rows_from_before_senders_match_any_sender_and_go_back_down(empty_database_url: str) -> None:
+    """0011 keys the ledger by sender; rows it finds get ``*`` (any sender: collector/ingest.py), and
+    its downgrade keeps one row per batch id."""
+    migrate.upgrade(empty_database_url, "0010")
+    with psycopg.connect(empty_database_url, autocommit=True) as conn:
+        conn.execute("INSERT INTO ingest_batches (source, seq, cluster, records) VALUES ('n1:1', 7, 'default', 3)")
+    migrate.upgrade(empty_database_url)
+    with psycopg.connect(empty_database_url, autocommit=True) as conn:
+        assert conn.execute("SELECT source, sender, seq FROM ingest_batches").fetchall() == [("n1:1", "*", 7)]
+        conn.execute("INSERT INTO ingest_batches (source, sender, seq, cluster, records) "
+                      "VALUES ('n1:1', 'node:default/n1', 7, 'default', 3)")
+    migrate.downgrade(empty_database_url, "0010")
+    with psycopg.connect(empty_database_url, autocommit=True) as conn:
+        assert conn.execute("SELECT source, seq FROM ingest_batches").fetchall() == [("n1:1", 7)]

@@ -23,7 +23,8 @@ import urllib.request
 FORGED_UTIL = 95.25
 
 
-def post(url: str, token: str, body: dict[str, object]) -> str:
+def post(url: str, token: str, cluster: str, source: str, seq: int, records: list[dict[str, object]]) -> str:
+    body = {"v": 1, "source": source, "seq": seq, "cluster": cluster, "sent_at": time.time(), "records": records}
     request = urllib.request.Request(url + "/v1/ingest", data=gzip.compress(json.dumps(body).encode()), headers={
         "Authorization": f"Bearer {token}", "Content-Encoding": "gzip", "Content-Type": "application/json"})
     try:
@@ -42,11 +43,11 @@ def main() -> None:
     for hook in ("prolog", "epilog"):
         source = f"{cluster}/{node}:slurm-{hook}:{victim}.0"
         line = {"kind": "log", "job": job, "ts": now, "node": node, "level": "INFO", "message": "just a log line"}
-        print(f"LEDGER_{hook.upper()}={post(url, token, {'v': 1, 'source': source, 'seq': 0, 'cluster': cluster, 'sent_at': time.time(), 'records': [line]})}")
+        print(f"LEDGER_{hook.upper()}={post(url, token, cluster, source, 0, [line])}")
     gpu = int(os.environ.get("SLURM_JOB_GPUS", "0").split(",")[0])
     samples = [{"kind": "gpu_sample", "job": job, "ts": now + i * 500_000, "node": node, "gpu_index": gpu,
                 "gpu_uuid": f"GPU-forged-{gpu}", "util_gpu": FORGED_UTIL} for i in range(4)]
-    print(f"FORGED_SAMPLES={post(url, token, {'v': 1, 'source': f'forger-{job}', 'seq': 1, 'cluster': cluster, 'sent_at': time.time(), 'records': samples})}")
+    print(f"FORGED_SAMPLES={post(url, token, cluster, f'forger-{job}', 1, samples)}")
     print(f"SLURM_JOB_ID={os.environ['SLURM_JOB_ID']}")
     print(f"JOBSIGHT_TOKEN={token}")
     time.sleep(4)
