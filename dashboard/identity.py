@@ -6,7 +6,9 @@ Identity comes from exactly one place, chosen by ``auth_mode``:
   user and sets ``identity_header``, overwriting any the browser sent. The header counts only
   on a connection from one of ``trusted_proxies`` (and with the proxy's shared secret, when
   one is configured); anyone else gets a refusal page (:mod:`jobsight.dashboard.proxy_trust`).
-- ``oidc``: Streamlit's own login (``st.login``), read back through ``st.user``.
+- ``oidc``: Streamlit's own login (``st.login``), read back through ``st.user``. The name is the
+  ``oidc_user_claim`` claim; without it, the local part of a verified address in one of
+  ``oidc_email_domains`` (none by default), else the login is refused (:func:`_oidc_viewer`).
 - ``local``: one local user, an admin, allowed only while the server listens on loopback
   (what ``jobsight up`` does); on any other address the dashboard shows nothing.
 
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -60,6 +63,8 @@ class Refusal:
     reason: str
     login: bool = False
     logged: str | None = None
+    logout: bool = False
+    """True when someone is signed in but refused: a log-out button lets them try another account."""
 
 
 def _is_admin(settings: DashboardSettings, name: str, groups: list[str]) -> bool:
@@ -99,16 +104,71 @@ def resolve_viewer(
         if settings.groups_header:
             groups = [g.strip() for g in (lowered.get(settings.groups_header.lower()) or "").split(",") if g.strip()]
         return Viewer(name, _is_admin(settings, name, groups))
+    return _oidc_viewer(settings, user)
+
+
+# A cluster user name as an e-mail's local part may give it: no "+tag", quotes or "@" that a
+# cluster account could not have, so nothing odd is ever compared with a job's user_name.
+_LOCAL_PART = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]*")
+
+
+def _oidc_viewer(settings: DashboardSettings, user: Mapping[str, Any] | None) -> Viewer | Refusal:
+    """OIDC mode's viewer from ``st.user`` as a mapping (Streamlit's cookie: the ID token's claims
+    plus ``is_logged_in``). The provider's configuration is trusted, its users are not: where it
+    accepts any account, anyone can log in with any e-mail local part (``hpcadmin@gmail.com``), so an
+    address names a user only when it is verified and in a domain the site listed, and a name
+    derived from it is never an admin by ``admin_users``."""
     if not user or not user.get("is_logged_in"):
         return Refusal("Please log in.", login=True)
-    claim = user.get(settings.oidc_user_claim)
+    claim = settings.oidc_user_claim
+    groups = _oidc_groups(settings, user)
+    in_admin_group = any(group in settings.admin_groups for group in groups)
+    value = user.get(claim)
+    if value is not None and value != "":
+        if not isinstance(value, str) or not value.strip():
+            return Refusal(f"Sign-in refused: the login provider's {claim!r} claim is not a user name. "
+                           "Ask the site's administrators.", logout=True,
+                           logged=f"refused OIDC sign-in: claim {claim!r} is not a user name")
+        name = value.strip()
+        return Viewer(name, name in settings.admin_users or in_admin_group)
+    refused = _email_problem(settings, user)
+    if refused is not None:
+        return Refusal(f"Sign-in refused: your login carries no {claim!r} claim, {refused[0]}. Log out and sign "
+                       "in with your site account, or ask the site's administrators.", logout=True,
+                       logged=f"refused OIDC sign-in without claim {claim!r}: {refused[1]}")
+    email = str(user["email"])
+    # Admin by the verified address itself, listed in admin_users, or by group; never by the derived name.
+    listed = email.casefold() in {entry.casefold() for entry in settings.admin_users if "@" in entry}
+    return Viewer(email.rsplit("@", 1)[0], listed or in_admin_group)
+
+
+def _email_problem(settings: DashboardSettings, user: Mapping[str, Any]) -> tuple[str, str] | None:
+    """Why the login's e-mail may not name the user, as (what the page says, what the log says; never
+    the address); ``None`` when it may."""
+    if not settings.oidc_email_domains:
+        return ("and this dashboard takes names only from that claim",
+                "JOBSIGHT_DASHBOARD_OIDC_EMAIL_DOMAINS is empty")
     email = user.get("email")
-    name = str(claim) if claim else (str(email).split("@", 1)[0] if email else "")
-    if not name:
-        return Refusal(f"The login provider sent neither {settings.oidc_user_claim!r} nor an e-mail address.")
-    raw_groups = user.get("groups") or []
-    groups = [str(g) for g in raw_groups] if isinstance(raw_groups, list) else []
-    return Viewer(name, _is_admin(settings, name, groups))
+    if not isinstance(email, str) or email.count("@") != 1:
+        return "and no usable e-mail address", "no single e-mail address"
+    # `is True`: the claim is a JSON boolean; a string "true" or any other value is not a verification.
+    if user.get("email_verified") is not True:
+        return "and its e-mail address is not verified", "email_verified is not true"
+    local, domain = email.rsplit("@", 1)
+    if domain.lower() not in settings.oidc_email_domains:
+        return ("and its e-mail address is not in a domain this dashboard accepts",
+                "e-mail domain not in JOBSIGHT_DASHBOARD_OIDC_EMAIL_DOMAINS")
+    if not _LOCAL_PART.fullmatch(local):
+        return ("and its e-mail address does not name a cluster user", "e-mail local part is not a user name")
+    return None
+
+
+def _oidc_groups(settings: DashboardSettings, user: Mapping[str, Any]) -> list[str]:
+    """The groups claim's strings; anything but a list of strings counts as no groups."""
+    if settings.oidc_groups_claim is None:
+        return []
+    raw = user.get(settings.oidc_groups_claim)
+    return [g for g in raw if isinstance(g, str)] if isinstance(raw, list) else []
 
 
 def _untrusted(settings: DashboardSettings, headers: Mapping[str, str], server_address: str | None,
@@ -166,6 +226,8 @@ def viewer_or_stop(settings: DashboardSettings) -> Viewer:
             st.session_state[_LOGGED] = found.logged
             log.warning("%s", found.logged)
         st.error(found.reason)
+        if found.logout:
+            st.button("Log out", on_click=st.logout)
         st.stop()
     st.warning(found.reason)
     if found.login:

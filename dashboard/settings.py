@@ -44,8 +44,18 @@ class DashboardSettings(TomlTableSettings):
     set with ``proxy_secret_header`` or not at all."""
     admin_users: CommaList = ()
     admin_groups: CommaList = ()
-    oidc_user_claim: str = "preferred_username"
-    """``st.user`` claim holding the cluster user name; falls back to the e-mail's local part."""
+    oidc_user_claim: str = Field("preferred_username", min_length=1)
+    """OIDC mode: the ``st.user`` claim holding the cluster user name. Only when a login lacks it may
+    the name come from the e-mail address, and only as ``oidc_email_domains`` allows."""
+    oidc_email_domains: CommaList = ()
+    """OIDC mode: domains (comma separated, exact, no sub-domains) whose addresses are cluster users'.
+    A login without ``oidc_user_claim`` whose ``email_verified`` is true and whose address is in one
+    of them is named by the address's local part; any other such login is refused. Empty (the
+    default): the name never comes from an e-mail, as a provider that lets anyone sign up would
+    hand out ``hpcadmin@...`` to whoever asks."""
+    oidc_groups_claim: str | None = "groups"
+    """OIDC mode: the claim listing the user's groups, matched against ``admin_groups``; ``None``
+    (or empty) means groups are not used."""
     cluster: str | None = None
     """Show only this cluster; ``None`` shows every cluster in the database."""
     cache_ttl_s: int = Field(5, ge=1, le=3600)
@@ -71,6 +81,28 @@ class DashboardSettings(TomlTableSettings):
         if isinstance(value, str):
             return tuple(part.strip() for part in value.split(",") if part.strip())
         return value
+
+    @field_validator("oidc_email_domains", mode="before")
+    @classmethod
+    def _domains(cls, value: Any) -> Any:
+        parts = [p.strip() for p in value.split(",") if p.strip()] if isinstance(value, str) else value
+        if not isinstance(parts, list | tuple):
+            return value
+        domains = []
+        for part in parts:
+            domain = str(part).strip().lower()
+            # Exact names only: "@site.edu" or "*.site.edu" would read as a pattern, and a pattern
+            # here decides who may claim a cluster user's name.
+            if not domain or "@" in domain or "*" in domain or any(c.isspace() for c in domain) \
+                    or domain.startswith(".") or domain.endswith("."):
+                raise ValueError(f"not a domain name: {part!r} (write e.g. site.edu)")
+            domains.append(domain)
+        return tuple(domains)
+
+    @field_validator("oidc_groups_claim", mode="before")
+    @classmethod
+    def _no_empty_claim(cls, value: Any) -> Any:
+        return None if isinstance(value, str) and not value.strip() else value
 
     @field_validator("trusted_proxies", mode="before")
     @classmethod

@@ -2,13 +2,15 @@
 ``shared_preload_libraries = 'citus'`` (built by tests/citus/build_citus.sh), on loopback ports;
 and a plain PostgreSQL 15 server, the single-server answer the cluster's is compared with.
 
-As root the servers run as a system user (collector/embedded_db.py), with trust authentication on
-127.0.0.1 only: the coordinator reaches its workers as ``postgres`` without a password.
+As root the servers run as a system user (collector/embedded_db.py). Host logins need a password
+(scram-sha-256); the nodes share one, and each server's own ``pgpass`` lets the coordinator reach its
+workers as ``postgres``.
 """
 
 from __future__ import annotations
 
 import os
+import secrets
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -55,9 +57,9 @@ class CitusCluster:
             server.destroy()
 
 
-def _server(data_dir: Path, citus: bool) -> EmbeddedPostgres:
+def _server(data_dir: Path, citus: bool, password: str | None = None) -> EmbeddedPostgres:
     settings = (*SERVER_SETTINGS, "shared_preload_libraries=citus") if citus else ("max_connections=300",)
-    server = EmbeddedPostgres(data_dir, bin_dir=PG15_BIN, server_settings=settings)
+    server = EmbeddedPostgres(data_dir, bin_dir=PG15_BIN, server_settings=settings, password=password)
     server.start()
     return server
 
@@ -70,9 +72,11 @@ def start_single_server(base: Path) -> EmbeddedPostgres:
 def start_citus_cluster(base: Path, workers: int = 2) -> CitusCluster:
     """Coordinator and ``workers`` workers, each with the ``citus`` extension in the ``jobsight``
     database, the workers added to the coordinator."""
-    cluster = CitusCluster(_server(base / "coordinator", citus=True))
+    # One password for every node: each server logs in to the others with its own pgpass.
+    password = secrets.token_urlsafe(32)
+    cluster = CitusCluster(_server(base / "coordinator", citus=True, password=password))
     try:
-        cluster.workers = [_server(base / f"worker{i}", citus=True) for i in range(workers)]
+        cluster.workers = [_server(base / f"worker{i}", citus=True, password=password) for i in range(workers)]
         for server in cluster.workers:
             with psycopg.connect(server.url, autocommit=True) as conn:
                 conn.execute("CREATE EXTENSION IF NOT EXISTS citus")

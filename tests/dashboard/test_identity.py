@@ -106,12 +106,17 @@ def test_header_mode_refuses_a_server_that_rewrites_the_peer_address() -> None:
     assert refused.logged is not None and "FORWARDED_ALLOW_IPS" in refused.logged
 
 
-def test_oidc_mode_uses_the_claim_then_the_email() -> None:
+def test_oidc_mode_uses_the_claim_and_an_email_only_where_allowed() -> None:
+    """The rest of OIDC mode's rules are in tests/dashboard/test_oidc_claims.py."""
     settings = load_dashboard_settings(auth_mode="oidc", admin_users="root")
     assert resolve_viewer(settings, headers={}, user={"is_logged_in": True, "preferred_username": "root"},
                           server_address=None, peer=None, peer_is_real=True) == Viewer("root", True)
-    assert resolve_viewer(settings, headers={}, user={"is_logged_in": True, "email": "bob@example.org"},
-                          server_address=None, peer=None, peer_is_real=True) == Viewer("bob", False)
+    verified = {"is_logged_in": True, "email": "bob@example.org", "email_verified": True}
+    refused = resolve_viewer(settings, headers={}, user=verified, server_address=None, peer=None, peer_is_real=True)
+    assert isinstance(refused, Refusal) and refused.logout and not refused.login
+    allowed = settings.model_copy(update={"oidc_email_domains": ("example.org",)})
+    assert resolve_viewer(allowed, headers={}, user=verified, server_address=None, peer=None,
+                          peer_is_real=True) == Viewer("bob", False)
     assert resolve_viewer(settings, headers={"X-Forwarded-User": "root"}, user={"is_logged_in": False},
                           server_address="127.0.0.1", peer=None, peer_is_real=True) == \
         Refusal("Please log in.", login=True)
