@@ -70,7 +70,10 @@ class Sink(BaseModel):
     name: str
     """Names the sink in the outbox and in log lines (letters, digits, ``_.-``)."""
     url: SecretStr
-    """An Apprise URL (``json://host/path``, ``mailtos://…``, ``slack://…``); never logged."""
+    """An Apprise URL (``json://host/path``, ``mailtos://…``, ``slack://…``); never logged. Its
+    ``format`` (``text``, ``markdown``, ``html``), where the service takes several, picks the markup
+    messages are written in for it, the job's strings escaped for that markup
+    (:func:`jobsight.collector.alert_messages.markup_of`)."""
     rules: list[str] = Field(default_factory=list)
     """Rules sent here; empty: every rule."""
     min_severity: str = "info"

@@ -27,7 +27,7 @@ import psycopg
 from psycopg.rows import dict_row, tuple_row
 from psycopg_pool import ConnectionPool
 
-from jobsight.collector.alert_messages import compose, deliver
+from jobsight.collector.alert_messages import deliver, message
 from jobsight.collector.alert_settings import AlertSettings
 from jobsight.collector.db import Connection, DatabaseUnavailable, autocommit_connection
 
@@ -158,12 +158,12 @@ class AlertSender:
                 rows = cur.execute(CLAIM, {"sink": sink, "max_attempts": settings.max_attempts}).fetchall()
             if not rows:
                 return 0
-            title, body, kind = compose(rows, self.dashboard_url)
-            error = deliver(url, title, body, kind)
+            composed = message(rows, self.dashboard_url)
+            error = deliver(url, composed)
             keys = {"job_ids": [row["job_id"] for row in rows], "ids": [row["id"] for row in rows]}
             if error is None:
                 db.execute(_MARK_SENT, keys)
-                log.info("alert sent to sink %s: %s", sink, title)
+                log.info("alert sent to sink %s: %s", sink, composed.title)
                 return len(rows)
             backoff = {"base_s": settings.retry_base_s, "max_s": settings.retry_max_s}
             failed = _rows(db, _MARK_FAILED, {**keys, **backoff, "error": error})

@@ -16,7 +16,7 @@ from psycopg_pool import ConnectionPool
 from jobsight.collector import queries
 from jobsight.collector.allocations import Allocation, AllocationCache
 from jobsight.collector.auth import Principal, check_job_owner
-from jobsight.collector.db import unit_of_work
+from jobsight.collector.db import Connection, unit_of_work
 from jobsight.collector.deps import Auth, CurrentPrincipal, Pool, Settings
 from jobsight.collector.errors import NotFound
 
@@ -54,17 +54,21 @@ def resolve_cluster(principal: CurrentPrincipal, settings: Settings, cluster: Cl
 ResolvedCluster = Annotated[str, Depends(resolve_cluster)]
 
 
-def check_token_owner(state: Any, pool: ConnectionPool[Any], principal: Principal, cluster: str, job: str) -> None:
+def check_token_owner(state: Any, pool: ConnectionPool[Any], principal: Principal, cluster: str, job: str,
+                      conn: Connection | None = None) -> None:
     """For a job token: raise :class:`~jobsight.collector.auth.AuthError` (403) unless it was minted
     for the uid its job runs as (:func:`~jobsight.collector.auth.check_job_owner`); the registration
-    comes through the process's allocation cache, so an agent's polls cost no query each."""
+    comes through the process's allocation cache, so an agent's polls cost no query each; ``conn``:
+    a caller's open transaction to read it in, rather than another pooled connection."""
     if principal.kind != "job":
         return
     cache: AllocationCache = state.allocations
 
     def read(cluster: str, jobs: list[str]) -> dict[str, Allocation]:
-        with unit_of_work(pool) as conn:
+        if conn is not None:
             return queries.job_allocations(conn, cluster, jobs)
+        with unit_of_work(pool) as own:
+            return queries.job_allocations(own, cluster, jobs)
 
     check_job_owner(principal, cache.get(cluster, [job], read).get(job))
 

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from jobsight.collector.db import Connection
+from jobsight.collector.settings import DEFAULT_MAX_OPEN_PROFILE_REQUESTS
 
 MAX_REQUEST_STEPS = 1000
 PENDING_TIMEOUT = dt.timedelta(minutes=10)
@@ -84,6 +85,38 @@ def profile_windows(conn: Connection, cluster: str, job_id: str) -> list[dict[st
     ).fetchall()
 
 
+REQUEST_LOCK_CLASS = 0x70726F66
+"""First key of the two-key transaction advisory lock taken per job while its open requests are
+counted and one is added, so that two at once cannot both pass the bound."""
+MAX_OPEN_REQUESTS = DEFAULT_MAX_OPEN_PROFILE_REQUESTS
+"""Pending or running requests one job may have where no settings say (the dashboard's way in)."""
+
+
+class TooManyOpenRequests(Exception):
+    """The job already has ``most`` requests pending or running; the API answers 429."""
+
+    def __init__(self, job_id: str, count: int, most: int) -> None:
+        super().__init__(f"job {job_id} has {count} profile requests pending or running, the most the collector's "
+                         f"max_open_profile_requests allows ({most}): ask again once one is done or failed")
+        self.count, self.most = count, most
+
+
+def _check_open_requests(conn: Connection, cluster: str, job_id: str, most: int) -> None:
+    """Raise :class:`TooManyOpenRequests` when the job has ``most`` open requests. Holds a per-job lock
+    to the end of the caller's transaction; requests no agent took in time are failed first, as the
+    listing does, so that they do not count."""
+    conn.execute("SELECT pg_advisory_xact_lock(%s, hashtext(%s))", (REQUEST_LOCK_CLASS, f"{cluster}/{job_id}"))
+    fail_untaken_requests(conn, cluster, job_id)
+    row = conn.execute(
+        """SELECT count(*) AS open FROM profile_requests
+           WHERE job_id = %s AND cluster = %s AND state IN ('pending', 'running')""",
+        (job_id, cluster),
+    ).fetchone()
+    count = int(row["open"] if isinstance(row, dict) else row[0]) if row is not None else 0
+    if count >= most:
+        raise TooManyOpenRequests(job_id, count, most)
+
+
 def request_profile(
     conn: Connection,
     cluster: str,
@@ -91,11 +124,15 @@ def request_profile(
     steps: int,
     ranks: Sequence[int] | None,
     requested_by: str | None,
+    most_open: int = MAX_OPEN_REQUESTS,
 ) -> int:
     """Ask the job to profile its next ``steps`` steps on ``ranks`` (``None``: every rank).
-    Returns the request id; the agent picks pending requests up from the collector."""
+    Returns the request id; the agent picks pending requests up from the collector. Every way in
+    (the API, the dashboard) goes through here, so each is bounded by ``most_open``
+    (:class:`TooManyOpenRequests`)."""
     if not 1 <= steps <= MAX_REQUEST_STEPS:
         raise ValueError(f"steps must be between 1 and {MAX_REQUEST_STEPS}, not {steps}")
+    _check_open_requests(conn, cluster, job_id, most_open)
     row = conn.execute(
         """INSERT INTO profile_requests (cluster, job_id, requested_by, steps, ranks)
            VALUES (%s, %s, %s, %s, %s) RETURNING id""",

@@ -17,6 +17,10 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 
 from jobsight.protocol.paths import ADMIN_TOKEN_FILE, default_data_dir
 
+DEFAULT_MAX_GPUS_PER_JOB = 4096
+DEFAULT_MAX_RANKS_PER_JOB = 65536
+DEFAULT_MAX_OPEN_PROFILE_REQUESTS = 4
+
 
 class SettingsError(RuntimeError):
     """A setting that cannot be used; the message names it."""
@@ -111,6 +115,13 @@ class CollectorSettings(TomlTableSettings):
     last_seen_flush_s: float = Field(5.0, gt=0, le=3600)
     """A job's ``last_seen`` is kept in memory and written this often (a row every node of a
     job shares is not written by every batch): it lags the records by about this much."""
+    max_gpus_per_job: int = Field(DEFAULT_MAX_GPUS_PER_JOB, ge=1, le=32768)
+    """The GPUs one job may claim: a record's ``gpu_index`` must be under it and a ``job_started``
+    record may list at most this many ``gpus``; a record past it is refused (422 naming it)."""
+    max_ranks_per_job: int = Field(DEFAULT_MAX_RANKS_PER_JOB, ge=1, le=2**31 - 1)
+    """The ranks one job may have: a record's ``rank`` must be under it (422 naming the record)."""
+    max_open_profile_requests: int = Field(DEFAULT_MAX_OPEN_PROFILE_REQUESTS, ge=1, le=1000)
+    """Profile requests one job may have pending or running at once; one more is refused (429)."""
     retention_days: int = Field(180, ge=0)
     """Raw time-series partitions older than this are dropped; 0 keeps everything."""
     partitions_ahead_days: int = Field(2, ge=0, le=60)

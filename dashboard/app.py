@@ -13,6 +13,7 @@ import streamlit as st
 
 from jobsight.collector.settings import SettingsError
 from jobsight.dashboard.identity import viewer_or_stop
+from jobsight.dashboard.markup import plain
 from jobsight.dashboard.settings import load_dashboard_settings
 from jobsight.protocol import links
 
@@ -48,7 +49,7 @@ if viewer.is_admin:
                          url_path=links.ATTENTION_PAGE))
 
 with st.sidebar:
-    st.caption(f"Signed in as **{viewer.name}**" + (" (admin)" if viewer.is_admin else ""))
+    st.caption(f"Signed in as **{plain(viewer.name)}**" + (" (admin)" if viewer.is_admin else ""))
     if settings.auth_mode == "oidc":
         st.button("Log out", on_click=st.logout)
 

@@ -225,7 +225,7 @@ def viewer_or_stop(settings: DashboardSettings) -> Viewer:
         if st.session_state.get(_LOGGED) != found.logged:
             st.session_state[_LOGGED] = found.logged
             log.warning("%s", found.logged)
-        st.error(found.reason)
+        st.error(found.reason)  # our words and the site's settings, never a user's
         if found.logout:
             st.button("Log out", on_click=st.logout)
         st.stop()

@@ -32,7 +32,7 @@ from jobsight.collector.auth import Authenticator, Principal, batch_jobs_to_chec
 from jobsight.collector.db import Connection, autocommit_connection, unit_of_work
 from jobsight.collector.errors import INGEST_PATH, count_reject, error_answer
 from jobsight.collector.group_commit import GroupCommitter
-from jobsight.collector.ingest_body import decode_body, read_body
+from jobsight.collector.ingest_body import ClaimBounds, decode_body, read_body
 from jobsight.collector.ingest_schema import INGEST_OPENAPI
 from jobsight.collector.jobs_seen import JobsSeen
 from jobsight.collector.partitions import PartitionKeeper
@@ -145,7 +145,7 @@ async def ingest_batch(
     with ctx.committer.arriving() as arrival:
         body = await read_body(chunks, declared_length, ctx.settings.max_body_bytes)
         batch, prepared = await asyncio.get_running_loop().run_in_executor(
-            ctx.decoders, decode_body, body, encoding, ctx.settings.max_decompressed_bytes
+            ctx.decoders, decode_body, body, encoding, ctx.settings.max_decompressed_bytes, ClaimBounds.of(ctx.settings)
         )
         del body  # the raw body is not needed while the batch is stored
         to_check = batch_jobs_to_check(ctx.principal, batch)

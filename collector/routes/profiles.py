@@ -12,15 +12,15 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, HTTPException, Query, Response
+from fastapi import APIRouter, HTTPException, Query, Request, Response
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, Field
 
 from jobsight.collector import profile_queries, queries
 from jobsight.collector.db import unit_of_work
-from jobsight.collector.deps import Auth, CurrentPrincipal, Pool
+from jobsight.collector.deps import Auth, CurrentPrincipal, Pool, Settings
 from jobsight.collector.errors import NotFound
-from jobsight.collector.job_access import AuthorizedJob, ReadableJob, ResolvedCluster
+from jobsight.collector.job_access import AuthorizedJob, ReadableJob, ResolvedCluster, check_token_owner
 from jobsight.collector.params import INT4_MAX, CleanStr, ProfileRowId, RequestId
 from jobsight.collector.traces import inflated_chunks, inflated_size
 from jobsight.protocol.diagnosis import ACROSS_RANKS, diagnose
@@ -28,7 +28,6 @@ from jobsight.protocol.diagnosis import ACROSS_RANKS, diagnose
 router = APIRouter(tags=["profiles"])
 
 DIRECTIVE_POLL_S = 3.0
-
 _TRANSITIONS = {
     "pending": {"running", "failed", "done"},
     "running": {"failed", "done"},
@@ -50,16 +49,28 @@ class StateIn(BaseModel):
     profile_id: CleanStr | None = Field(None, max_length=200)
 
 
+def _check_ranks(ranks: list[int] | None, max_ranks: int) -> None:
+    """422 naming the field for a rank no job may have (``max_ranks_per_job``)."""
+    past = [rank for rank in ranks or () if rank >= max_ranks]
+    if past:
+        raise HTTPException(422, {"error": f"rank {past[0]} is past the collector's max_ranks_per_job: it must be "
+                                           f"under {max_ranks}", "field": "ranks"})
+
+
 @router.post("/v1/jobs/{job_id}/profile-requests", status_code=201)
 def create_profile_request(
-    body: ProfileRequestIn, job: ReadableJob, pool: Pool, principal: CurrentPrincipal
+    body: ProfileRequestIn, job: ReadableJob, pool: Pool, principal: CurrentPrincipal, settings: Settings
 ) -> dict[str, Any]:
     """Ask the job to profile its next ``steps`` steps on ``ranks``; agents pick it up within seconds."""
     requested_by = f"job:{principal.job}" if principal.job else principal.kind
-    with unit_of_work(pool) as conn:
-        request_id = profile_queries.request_profile(
-            conn, job.cluster, job.job_id, body.steps, body.ranks, requested_by
-        )
+    _check_ranks(body.ranks, settings.max_ranks_per_job)
+    try:
+        with unit_of_work(pool) as conn:
+            request_id = profile_queries.request_profile(
+                conn, job.cluster, job.job_id, body.steps, body.ranks, requested_by, settings.max_open_profile_requests
+            )
+    except profile_queries.TooManyOpenRequests as exc:
+        raise HTTPException(429, {"error": str(exc), "open": exc.count, "max": exc.most}) from exc
     return {"id": request_id, "job_id": job.job_id, "state": "pending", "steps": body.steps, "ranks": body.ranks}
 
 
@@ -76,13 +87,14 @@ def list_profile_requests(
 
 @router.get("/v1/directives")
 def get_directives(
-    pool: Pool, principal: CurrentPrincipal, auth: Auth, cluster: ResolvedCluster,
+    request: Request, pool: Pool, principal: CurrentPrincipal, auth: Auth, cluster: ResolvedCluster,
     job: Annotated[str, Query(max_length=256)], rank: Annotated[int | None, Query(ge=0, le=INT4_MAX)] = None,
 ) -> dict[str, Any]:
     """What an agent should do now: open profile requests addressed to ``rank`` (one indexed query)."""
     # The job is a query parameter here, not the path's, so ReadableJob does not apply;
     # nor does its 404: an agent polling for a job the collector has not heard of gets nothing to do.
     auth.authorize_read(principal, job, cluster)
+    check_token_owner(request.app.state, pool, principal, cluster, job)
     with unit_of_work(pool) as conn:
         rows = profile_queries.open_profile_requests(conn, cluster, job, rank)
     return {"job": job, "rank": rank, "poll_s": DIRECTIVE_POLL_S, "profile_requests": rows}
@@ -90,7 +102,7 @@ def get_directives(
 
 @router.post("/v1/profile-requests/{request_id}/state")
 def set_request_state(
-    request_id: RequestId, body: StateIn, pool: Pool, principal: CurrentPrincipal, auth: Auth
+    request: Request, request_id: RequestId, body: StateIn, pool: Pool, principal: CurrentPrincipal, auth: Auth
 ) -> dict[str, Any]:
     """An agent's report: ``running`` when its window starts, ``failed`` with a reason.
     Moving backwards is refused (409); repeating the current state is a no-op."""
@@ -99,6 +111,7 @@ def set_request_state(
         if row is None:
             raise NotFound(f"profile request {request_id} not found")
         auth.authorize_read(principal, row["job_id"], row["cluster"])
+        check_token_owner(request.app.state, pool, principal, row["cluster"], row["job_id"], conn)
         current = row["state"]
         if body.state != current:
             if body.state not in _TRANSITIONS[current]:

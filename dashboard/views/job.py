@@ -13,8 +13,10 @@ import pandas as pd
 import streamlit as st
 
 from jobsight.collector import job_states
+from jobsight.collector.profile_queries import TooManyOpenRequests
 from jobsight.dashboard import charts, data, job_facts
 from jobsight.dashboard.identity import viewer_or_stop
+from jobsight.dashboard.markup import plain, plain_join
 from jobsight.dashboard.settings import load_dashboard_settings
 from jobsight.dashboard.views import job_epochs, job_health
 from jobsight.protocol import diagnosis, links
@@ -41,8 +43,8 @@ if not job_id:
 
 access = data.open_job(viewer, cluster, job_id)
 if access.ref is None or access.job is None:
-    st.title(f"Job {job_id}")
-    st.error(access.reason)
+    st.title(f"Job {plain(job_id)}")
+    st.error(plain(access.reason))
     st.stop()
 ref, first = access.ref, access.job
 running = first["state"] == "running"
@@ -66,14 +68,16 @@ def _elapsed(domain: charts.Domain) -> str:
 def header() -> None:
     job = data.open_job(viewer, ref.cluster, ref.job_id).job or first
     domain = _domain(job)
-    st.title(f"Job {job['job_id']}" + (f" · {job['name']}" if job.get("name") else ""))
+    # Every string a job supplied goes through plain(): these elements render Markdown.
+    st.title(f"Job {plain(job['job_id'])}" + (f" · {plain(job['name'])}" if job.get("name") else ""))
     if job.get("demo"):
-        st.info(f"Demo data: this job was made by `jobsight up --demo` (cluster {job.get('cluster') or ref.cluster}); "
+        cluster_name = plain(job.get("cluster") or ref.cluster)
+        st.info(f"Demo data: this job was made by `jobsight up --demo` (cluster {cluster_name}); "
                 "its GPUs are simulated or it is a small CPU training run, not a real cluster's job.", icon="🧪")
     gpus = job.get("gpus") or []
     cells = st.columns(6)
-    cells[0].metric("User", job_facts.user(job))
-    cells[1].metric("Partition", job_facts.partition(job))
+    cells[0].metric("User", plain(job_facts.user(job)))
+    cells[1].metric("Partition", plain(job_facts.partition(job)))
     cells[2].metric("Nodes", job.get("node_count") or len(job.get("nodes") or []) or "unknown")
     cells[3].metric("GPUs", len(gpus) or job.get("gpu_count") or "unknown")
     cells[4].metric("Elapsed", _elapsed(domain))
@@ -81,7 +85,7 @@ def header() -> None:
     cells[5].metric("State", job_states.describe(job["state"], job.get("exit_code")) if job.get("exit_code")
                     else job_states.slurm_name(job["state"]))
     if job.get("nodes"):
-        st.caption("Nodes: " + ", ".join(job["nodes"]))
+        st.caption("Nodes: " + plain_join(job["nodes"]))
     if job.get("flags"):
         st.warning("Flags: " + ", ".join(job["flags"]))
 
@@ -222,7 +226,7 @@ def profiles() -> None:
         hints = [_hint(item) for r in group for item in
                  (r["diagnosis"] if isinstance(r["diagnosis"], list) else [r["diagnosis"]] if r["diagnosis"] else [])]
         for hint in dict.fromkeys(hints):
-            st.warning(hint, icon=":material/lightbulb:")
+            st.warning(plain(hint), icon=":material/lightbulb:")
         breakdown = _breakdown(group)
         if not breakdown.empty:
             st.altair_chart(charts.breakdown_chart(breakdown), width="stretch")
@@ -251,8 +255,12 @@ def profiles() -> None:
             ranks_text = cells[1].text_input("Ranks (comma separated, empty = all)")
             if st.form_submit_button("Request profile"):
                 ranks = [int(p) for p in ranks_text.replace(" ", "").split(",") if p.lstrip("-").isdigit()]
-                request_id = data.request_profile(viewer, ref, int(steps), ranks or None)
-                st.success(f"Profile request {request_id} queued; the job picks it up at its next step.")
+                try:
+                    request_id = data.request_profile(viewer, ref, int(steps), ranks or None)
+                except TooManyOpenRequests as exc:
+                    st.error(str(exc))
+                else:
+                    st.success(f"Profile request {request_id} queued; the job picks it up at its next step.")
     requests = data.profile_requests(ref)
     if not requests.empty:
         st.caption("Profile requests")

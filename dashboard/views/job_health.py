@@ -22,6 +22,7 @@ import pandas as pd
 import streamlit as st
 
 from jobsight.dashboard import charts, data
+from jobsight.dashboard.markup import plain
 from jobsight.dashboard.settings import load_dashboard_settings, points_per_series
 from jobsight.protocol import links
 
@@ -121,15 +122,16 @@ def evidence_table(evidence: Mapping[str, Any] | None) -> pd.DataFrame:
 
 
 def _where(finding: Mapping[str, Any]) -> str:
-    parts = [f"node {finding['node']}" if finding.get("node") else "", f"GPU {finding['gpu']}" if finding.get("gpu")
-             else ""]
+    parts = [f"node {plain(finding['node'])}" if finding.get("node") else "",
+             f"GPU {plain(finding['gpu'])}" if finding.get("gpu") else ""]
     return ", ".join(p for p in parts if p)
 
 
 def _finding(ref: data.JobRef, finding: Mapping[str, Any]) -> None:
     box, icon = _BOX.get(finding["severity"], _BOX["info"])
     where = _where(finding)
-    box(f"**{finding['title']}**" + (f" ({where})" if where else "") + f"  \n{finding['message']}  \n"
+    # Markdown: the title and message name the job's nodes and GPUs, so they are plain() text.
+    box(f"**{plain(finding['title'])}**" + (f" ({where})" if where else "") + f"  \n{plain(finding['message'])}  \n"
         f"Open since {finding['opened_at'].astimezone(dt.UTC):%Y-%m-%d %H:%M} UTC, last checked "
         f"{finding['updated_at'].astimezone(dt.UTC):%H:%M:%S} UTC.", icon=icon)
     moment = moment_of(finding)
@@ -214,4 +216,4 @@ def show(ref: data.JobRef, job: Mapping[str, Any], running: bool, every: dt.time
         return
     st.session_state.pop(_SCROLLED, None)
     if text:
-        st.caption(f"The link's moment {text!r} is not a time; showing the whole run.")
+        st.caption(f"The link's moment {plain(repr(text))} is not a time; showing the whole run.")

@@ -10,6 +10,7 @@ import streamlit as st
 from jobsight.collector import job_states
 from jobsight.dashboard import data, job_groups, url_state
 from jobsight.dashboard.identity import viewer_or_stop
+from jobsight.dashboard.markup import plain
 from jobsight.dashboard.settings import load_dashboard_settings
 from jobsight.dashboard.url_state import Param
 from jobsight.dashboard.views.job_health import health_cell
@@ -36,7 +37,7 @@ if viewer.is_admin:
 elif "user" in st.query_params:
     del st.query_params["user"]  # an admin's link opened by a user: their own jobs, and the address says so
 
-st.title("Jobs" if viewer.is_admin else f"Jobs of {viewer.name}")
+st.title("Jobs" if viewer.is_admin else f"Jobs of {plain(viewer.name)}")
 
 url_state.restore(FILTERS)
 columns = st.columns(5 if viewer.is_admin else 4)

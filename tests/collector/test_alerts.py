@@ -38,24 +38,29 @@ SECRET_PATH = "hook-tok3n-s3cret"
 
 
 class Receiver:
-    """A real HTTP server on a fixed port that records every POST (path and JSON body); it can
-    be left down (nothing listens on the port) and started later."""
+    """A real HTTP server on a fixed port that records every POST: path and JSON body in
+    ``posts``, path, content type and raw body of every one (a form's too) in ``raw``; it can be
+    left down (nothing listens on the port) and started later."""
 
     def __init__(self) -> None:
         self.port = free_port()
         self.posts: list[tuple[str, dict[str, Any]]] = []
+        self.raw: list[tuple[str, str, bytes]] = []
         self._server: ThreadingHTTPServer | None = None
 
     def url(self, path: str = "alerts") -> str:
         return f"json://127.0.0.1:{self.port}/{path}/{SECRET_PATH}"
 
     def start(self) -> None:
-        posts = self.posts
+        posts, raw = self.posts, self.raw
 
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:
                 body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
-                posts.append((self.path, json.loads(body)))
+                content_type = self.headers.get("Content-Type", "")
+                raw.append((self.path, content_type, body))
+                if content_type.startswith("application/json"):
+                    posts.append((self.path, json.loads(body)))
                 self.send_response(200)
                 self.end_headers()
 

@@ -119,3 +119,13 @@ def test_a_run_outside_slurm_keeps_its_own_samples(secret_client: Any, db: Any, 
     own = mint_job_token(SECRET, "default", job_id, 3600, uid=1001)
     assert post(secret_client, encode_batch("job", next_seq(), [gpu(job_id, 42.0)]), **bearer(own)).status_code == 200
     assert db.execute("SELECT util_gpu FROM gpu_samples WHERE job_id = %s", (job_id,)).fetchall() == [(42.0,)]
+
+
+def test_a_job_token_of_another_uid_gets_no_profiling_directives(secret_client: Any, job_id: str) -> None:
+    node = mint_node_token(SECRET, "default", "n1")
+    assert post(secret_client, encode_batch("prolog", next_seq(), [prolog(job_id, uid=1001)]),
+                **bearer(node)).status_code == 200
+    other_uid = mint_job_token(SECRET, "default", job_id, 3600, uid=2002)
+    own = mint_job_token(SECRET, "default", job_id, 3600, uid=1001)
+    assert secret_client.get("/v1/directives", params={"job": job_id}, headers=bearer(other_uid)).status_code == 403
+    assert secret_client.get("/v1/directives", params={"job": job_id}, headers=bearer(own)).status_code == 200
