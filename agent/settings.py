@@ -11,6 +11,7 @@ import logging
 import os
 import socket
 import tomllib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlparse
@@ -68,14 +69,26 @@ class AgentSettings:
     """The node daemon answers PyTorch processes' profiler requests (``KINETO_USE_DAEMON=1``,
     exported by the task prolog): on-demand profiles of jobs without our callback."""
     kineto_socket: str = "dynolog"
-    """The abstract Unix socket Kineto asks (its name is fixed in PyTorch; Dynolog's too)."""
-    kineto_socket_dir: str | None = None
-    """``None``: the abstract socket. A directory: the socket file ``<dir>/<kineto_socket>`` there,
-    which processes find through ``KINETO_IPC_SOCKET_DIR`` (the task prolog exports it)."""
+    """The socket name Kineto asks for (fixed in PyTorch; Dynolog's too)."""
+    kineto_socket_dir: str | None = "/run/jobsight/kineto"
+    """Root-owned directory of one socket directory per user, ``<dir>/<uid>/`` (0700, the user's),
+    holding the daemon's socket file ``dynolog``; the task prolog exports ``<dir>/<uid>`` to the
+    job as ``KINETO_IPC_SOCKET_DIR``. Kineto appends a 52-character client name to that without
+    checking the 108-byte limit of a socket path, so this stays at most
+    :data:`KINETO_SOCKET_DIR_MAX_BYTES`. ``None`` (in code only) means the abstract name."""
+    kineto_abstract_socket: bool = False
+    """Opt-in: serve the abstract name ``@dynolog`` that every process of the node can reach, as
+    Dynolog does, instead of the per-user socket files (README, "Profiling without code changes",
+    says what a site gives up with it)."""
     kineto_trace_dir: str = "/var/lib/jobsight/traces"
-    """Node-local directory of the traces being written, one 0700 directory per job, owned by its user."""
+    """Node-local directory of the traces being written (root's, 0711), one 0700 directory per job,
+    owned by its user."""
     kineto_trace_cap_bytes: int = 64 * 1024 * 1024
     """A trace larger than this is refused (read no further) and its request fails."""
+
+    def kineto_uses_abstract_socket(self) -> bool:
+        """Whether the daemon serves ``@dynolog`` rather than per-user socket files."""
+        return self.kineto_abstract_socket or not self.kineto_socket_dir
 
     def collector_endpoint(self) -> CollectorEndpoint:
         parsed = urlparse(self.url)
@@ -134,12 +147,32 @@ _ENV_NAMES = {
     "kineto_daemon": "JOBSIGHT_KINETO_DAEMON",
     "kineto_socket": "JOBSIGHT_KINETO_SOCKET",
     "kineto_socket_dir": "JOBSIGHT_KINETO_SOCKET_DIR",
+    "kineto_abstract_socket": "JOBSIGHT_KINETO_ABSTRACT_SOCKET",
     "kineto_trace_dir": "JOBSIGHT_KINETO_TRACE_DIR",
     "kineto_trace_cap_bytes": "JOBSIGHT_KINETO_TRACE_CAP_BYTES",
 }
 
 # Integer settings with a floor: below it the setting would mean nothing (or everything).
 _AT_LEAST = {"poison_tries": 1, "kineto_trace_cap_bytes": 1024}
+
+KINETO_SOCKET_DIR_MAX_BYTES = 40
+"""``<dir>/<uid>/dynoconfigclient<36-character uuid>`` must fit the 108 bytes of a socket path with
+its NUL: 40 + 11 (``/`` and a 10-digit uid) + 53 leaves room; the directory a job is given stays
+at most 51 characters."""
+
+
+def _check_kineto_socket_dir(value: str | None) -> str:
+    # An empty value must not silently turn on the abstract name (a weaker boundary): that is
+    # JOBSIGHT_KINETO_ABSTRACT_SOCKET's job alone.
+    if value is None or not value.startswith("/") or "\0" in value:
+        raise ValueError("must be an absolute directory")
+    if len(value.rstrip("/").encode()) > KINETO_SOCKET_DIR_MAX_BYTES:
+        raise ValueError(f"must be at most {KINETO_SOCKET_DIR_MAX_BYTES} bytes (Kineto's socket paths overflow)")
+    return value.rstrip("/") or "/"
+
+
+# Settings whose converted value gets one more check.
+_CHECKS: dict[str, Callable[[str | None], str]] = {"kineto_socket_dir": _check_kineto_socket_dir}
 
 
 def _convert(name: str, raw: Any, default: Any) -> Any:
@@ -156,7 +189,9 @@ def _convert(name: str, raw: Any, default: Any) -> Any:
         if value != value or value <= 0:
             raise ValueError("must be a positive number")
         return value
-    return str(raw) if raw != "" else None
+    text = str(raw) if raw != "" else None
+    check = _CHECKS.get(name)
+    return check(text) if check is not None else text
 
 
 def _read_toml(path: str) -> dict[str, Any]:

@@ -12,10 +12,12 @@ The file is a JSON object, written atomically (temporary file + rename) with mod
      "account": "physics", "partition": "gpu", "name": "train", "node": "gpu01",
      "nodes": ["gpu01", "gpu02"], "node_count": 2, "gpus": [0, 1],
      "time_limit_s": 86400, "started_us": 1763769600000000,
-     "token_file": "/run/jobsight/tokens/123"}
+     "token_file": "/run/jobsight/tokens/123", "slurm_job_id": 123}
 
 ``gpus`` holds the NVML (GRES) indices of the job's GPUs on this node, ``[]`` for a
-job without GPUs. Keys this version does not know are ignored, so a newer prolog
+job without GPUs. ``slurm_job_id`` is Slurm's own number of the job (``SLURM_JOB_ID``: an
+array task's own id, which its cgroup names, where ``job_id`` is ``<array job>_<task>``); files
+without it still read. Keys this version does not know are ignored, so a newer prolog
 may add fields without breaking an older daemon.
 """
 
@@ -81,12 +83,17 @@ class Registration:
     run: int = 0
     """The run's ``SLURM_JOB_RESTART_COUNT`` as its prolog saw it: a requeued job's epilog sees the
     next run's count already, and learns which run it ends from here."""
+    slurm_job_id: int | None = None
+    """Slurm's own id (``SLURM_JOB_ID``), the number in the job's cgroup (``job_<id>``): an array
+    task's differs from ``job_id``. ``None``: an older prolog's file."""
     version: int = VERSION
 
     def to_json(self) -> str:
         data = asdict(self)
         data["gpus"] = list(self.gpus)
         data["nodes"] = list(self.nodes) if self.nodes is not None else None
+        if self.slurm_job_id is None:
+            del data["slurm_job_id"]  # a file without it stays what older prologs wrote
         return json.dumps(data, sort_keys=True, separators=(",", ":")) + "\n"
 
     @classmethod
@@ -148,6 +155,7 @@ class Registration:
             time_limit_s=integer("time_limit_s"),
             token_file=text("token_file"),
             run=max(integer("run") or 0, 0),
+            slurm_job_id=_positive(integer("slurm_job_id")),
             version=version,
         )
 
@@ -167,6 +175,10 @@ class Registration:
         if stem != registration.job_id:
             raise RegistrationError(f"{path}: holds job {registration.job_id!r}, not {stem!r}")
         return registration
+
+
+def _positive(value: int | None) -> int | None:
+    return value if value is not None and value > 0 else None
 
 
 def registration_path(directory: str | os.PathLike[str], job_id: str) -> Path:

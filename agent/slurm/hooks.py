@@ -170,10 +170,11 @@ def run_prolog(env: dict[str, str], settings: AgentSettings, hooks: HookSettings
             cluster=settings.cluster, job_id=job.job_id, node=job.node, started_us=started_us,
             gpus=tuple(job.gpus), user=job.user, uid=job.uid, account=job.account, partition=job.partition,
             name=name, nodes=tuple(job.nodes), node_count=job.node_count, time_limit_s=time_limit,
-            token_file=token_file, run=job.restart_count,
+            token_file=token_file, run=job.restart_count, slurm_job_id=int(slurm_job_id(env)),
         ))
     except (OSError, ValueError, ImportError) as exc:
         log.error("job %s: cannot write the registration in %s: %s", job.job_id, settings.registration_dir, exc)
+    _prepare_kineto(settings, job)
 
     record = {
         "kind": "job_started", "job": job.job_id, "ts": started_us, "node": job.node, "user": job.user,
@@ -184,6 +185,49 @@ def run_prolog(env: dict[str, str], settings: AgentSettings, hooks: HookSettings
     sender = HookSender(settings, _node_token(settings, secret, job.node), spool_dir(settings, env), deadline)
     sender.send(_source(settings, "prolog", job), [{k: v for k, v in record.items() if v is not None}])
     sender.replay()
+
+
+def _prepare_kineto(settings: AgentSettings, job: SlurmJob) -> None:
+    """Make the job user's Kineto socket directory before any task starts: PyTorch binds its client
+    socket there once, at start-up (agent/node/kineto_hooks.py)."""
+    if not settings.kineto_daemon or job.uid is None:
+        return
+    try:
+        from jobsight.agent.node.kineto_hooks import prepare_kineto_socket_dir
+
+        prepare_kineto_socket_dir(settings, job.uid)
+    except (OSError, ValueError, ImportError) as exc:
+        log.error("job %s: cannot make the Kineto socket directory: %s", job.job_id, exc)
+
+
+def _remove_traces(settings: AgentSettings, job: str) -> None:
+    """The job's Kineto trace directory goes with the job (the daemon shipped what it read)."""
+    try:
+        from jobsight.agent.node.kineto_hooks import remove_job_traces
+
+        remove_job_traces(settings.kineto_trace_dir, job)
+    except ImportError as exc:
+        log.error("job %s: cannot remove its trace directory: %s", job, exc)
+
+
+def _kineto_exports(settings: AgentSettings, job: str) -> dict[str, str]:
+    """``KINETO_USE_DAEMON=1`` and where PyTorch finds the daemon, only while the node daemon says,
+    freshly, that it serves: a job is never pointed at a socket nobody (or somebody else) answers."""
+    try:
+        from jobsight.agent.node.kineto_hooks import kineto_serving, kineto_socket_dir_for, status_path_for
+
+        if not kineto_serving(status_path_for(settings.registration_dir)):
+            return {}
+        values = {"KINETO_USE_DAEMON": "1"}
+        socket_dir = kineto_socket_dir_for(settings, os.getuid())
+        if socket_dir:
+            values["KINETO_IPC_SOCKET_DIR"] = socket_dir
+    except (OSError, ValueError, ImportError) as exc:
+        log.warning("job %s: not pointing PyTorch at the node daemon: %s", job, exc)
+        return {}
+    # Newer Kineto writes a daemon's trace only into the directory named here.
+    values["KINETO_ONDEMAND_TRACE_DIR"] = os.path.join(settings.kineto_trace_dir, job)
+    return values
 
 
 def _ended_run(job: SlurmJob, settings: AgentSettings) -> SlurmJob:
@@ -230,6 +274,7 @@ def run_epilog(env: dict[str, str], settings: AgentSettings, hooks: HookSettings
         pass
     except OSError as exc:
         log.error("job %s: cannot remove the token file: %s", job.job_id, exc)
+    _remove_traces(settings, job.job_id)
     sender.replay()
 
 
@@ -241,11 +286,7 @@ def task_prolog_lines(env: dict[str, str], settings: AgentSettings, hooks: HookS
     # PyTorch then asks the node daemon for a profiling config (agent/node/kineto_service.py); a
     # job's own KINETO_USE_DAEMON (0 to opt out) is left as it is.
     if settings.kineto_daemon and "KINETO_USE_DAEMON" not in env:
-        values["KINETO_USE_DAEMON"] = "1"
-        if settings.kineto_socket_dir:
-            values["KINETO_IPC_SOCKET_DIR"] = settings.kineto_socket_dir
-        # Newer Kineto writes a daemon's trace only into the directory named here.
-        values["KINETO_ONDEMAND_TRACE_DIR"] = os.path.join(settings.kineto_trace_dir, job)
+        values.update(_kineto_exports(settings, job))
     try:
         with open(token_path(hooks.token_dir, job), encoding="ascii") as handle:
             values["JOBSIGHT_TOKEN"] = handle.read().strip()

@@ -3,6 +3,7 @@ against a real collector, and with the collector stopped."""
 
 from __future__ import annotations
 
+import json
 import os
 import stat
 import subprocess
@@ -127,13 +128,18 @@ def test_prolog_task_prolog_epilog(collector: LiveCollector, hook_env: dict[str,
     result, _ = run_hook("task-prolog", task_env)
     assert result.returncode == 0
     lines = result.stdout.splitlines()
+    # No node daemon says it serves PyTorch's profiler here: nothing points the job at a socket.
     assert lines == [f"export JOBSIGHT_URL={collector.url}", "export JOBSIGHT_CLUSTER=default",
-                     f"export JOBSIGHT_JOB_ID={job}", "export KINETO_USE_DAEMON=1",
-                     f"export KINETO_ONDEMAND_TRACE_DIR=/var/lib/jobsight/traces/{job}",
-                     f"export JOBSIGHT_TOKEN={token_file.read_text().strip()}"]
+                     f"export JOBSIGHT_JOB_ID={job}", f"export JOBSIGHT_TOKEN={token_file.read_text().strip()}"]
     token = lines[-1].split("=", 1)[1]
-    # KINETO_USE_DAEMON: PyTorch asks the node daemon for profiling configs, unless the site turns it
-    # off or the job set it itself.
+    # While the daemon's (root's) status says, freshly, that it serves: KINETO_USE_DAEMON and the
+    # user's own socket directory, unless the site turns it off or the job set it itself.
+    status = Path(env["JOBSIGHT_REGISTRATION_DIR"]).parent / "agent-status.json"
+    status.write_text(json.dumps({"kineto": {"serving": True}, "updated_at": time.time()}))
+    result, _ = run_hook("task-prolog", task_env)
+    assert result.stdout.splitlines()[3:6] == [
+        "export KINETO_USE_DAEMON=1", f"export KINETO_IPC_SOCKET_DIR=/run/jobsight/kineto/{os.getuid()}",
+        f"export KINETO_ONDEMAND_TRACE_DIR=/var/lib/jobsight/traces/{job}"]
     result, _ = run_hook("task-prolog", {**task_env, "JOBSIGHT_KINETO_DAEMON": "0"})
     assert "export KINETO_USE_DAEMON=1" not in result.stdout.splitlines()
     result, _ = run_hook("task-prolog", {**task_env, "KINETO_USE_DAEMON": "0"})
@@ -142,10 +148,15 @@ def test_prolog_task_prolog_epilog(collector: LiveCollector, hook_env: dict[str,
     assert ingest(collector.url, token, [log]) == 200
     assert ingest(collector.url, token, [{**log, "job": new_job()}]) == 403
 
+    traces = Path(env["JOBSIGHT_TOKEN_DIR"]).parent / "traces"
+    (traces / job).mkdir(parents=True)
+    (traces / job / "left_pid7.json").write_text("{}")
     result, took = run_hook("epilog", {**env, **slurm_env(job, "epilog", SLURM_JOB_EXIT_CODE="768",
-                                                          SLURM_JOB_EXIT_CODE2="3:0")})
+                                                          SLURM_JOB_EXIT_CODE2="3:0"),
+                                       "JOBSIGHT_KINETO_TRACE_DIR": str(traces)})
     assert result.returncode == 0 and took < HOOK_BUDGET_S
     assert not token_file.exists()
+    assert not (traces / job).exists() and traces.exists()  # the job's trace directory goes with it
     assert not (Path(env["JOBSIGHT_REGISTRATION_DIR"]) / f"{job}.json").exists()
     row = db.execute("SELECT state, exit_code, end_time IS NOT NULL FROM jobs WHERE job_id = %s", (job,)).fetchone()
     assert row == ("failed", 3, True)

@@ -7,11 +7,13 @@ and PyTorch scripts that import nothing of jobsight, run with ``KINETO_USE_DAEMO
 * A two-process DDP run on gloo gets one trace per rank.
 * A process of another job that asks with the first job's pids gets nothing.
 * A trace path replaced by a symlink is refused and nothing is read through it.
-* With the socket already bound, the service steps aside and says so.
+* With the socket already bound (a second agent on the socket directory, a Dynolog on the
+  abstract name when a site opted into it), the service steps aside and says so.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import json
 import os
@@ -106,12 +108,22 @@ class Node:
         assert self.shipper.flush(20.0)
         write_registration(self.registration_dir, Registration(cluster="default", job_id=job, node=NODE,
                                                                started_us=now_us(), uid=os.getuid()))
+        self.wait_for_socket()
+
+    @property
+    def user_socket_dir(self) -> Path:
+        """The socket directory of this test's user (root), as the task prolog exports it."""
+        return self.socket_dir / str(os.getuid())
 
     def env(self, job: str, **extra: str) -> dict[str, str]:
         """A job's process environment, as the task prolog leaves it (no jobsight import anywhere)."""
         keep = {k: v for k, v in os.environ.items() if not k.startswith(("JOBSIGHT_", "KINETO_"))}
         return {**keep, "JOBSIGHT_JOB_ID": job, "SLURM_JOB_ID": job, "KINETO_USE_DAEMON": "1",
-                "KINETO_IPC_SOCKET_DIR": str(self.socket_dir), **extra}
+                "KINETO_IPC_SOCKET_DIR": str(self.user_socket_dir), **extra}
+
+    def wait_for_socket(self) -> None:
+        """The user's socket, made once a registration of that user is seen (within a round)."""
+        _wait("the user's socket", lambda: (self.user_socket_dir / "dynolog").is_socket(), timeout=10)
 
     def stop(self) -> None:
         self.service.stop()
@@ -246,9 +258,9 @@ def test_another_jobs_process_asking_with_its_pids_gets_nothing(node: Node, tmp_
         import socket, sys, uuid
         request = bytes.fromhex(sys.argv[1])
         me = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-        me.bind({str(node.socket_dir)!r} + "/client" + uuid.uuid4().hex[:8])
+        me.bind({str(node.user_socket_dir)!r} + "/client" + uuid.uuid4().hex[:8])
         me.settimeout(5)
-        me.sendto(request, {str(node.socket_dir / "dynolog")!r})
+        me.sendto(request, {str(node.user_socket_dir / "dynolog")!r})
         print(me.recv(65536).hex())
     """))
     sleeper = subprocess.Popen(["sleep", "60"], env=node.env(victim))  # a process of the victim's job
@@ -305,11 +317,21 @@ def test_a_trace_replaced_by_a_symlink_is_refused_and_not_read(node: Node, tmp_p
 def test_with_the_socket_already_bound_the_service_steps_aside(live_collector: Any, tmp_path: Path) -> None:
     tmp_path.chmod(0o755)
     node = Node(live_collector, tmp_path)
-    with KinetoEndpoint("dynolog", str(node.socket_dir)):  # a site's Dynolog, say
-        assert node.service.start() is False
-        assert "stepped aside" in node.service.status.message
-        assert "callbacks still profile" in node.service.status.message
-    node.stop()
+    second = KinetoService(node.settings, node.shipper)  # another agent, on the same socket directory
+    try:
+        assert node.service.start()
+        assert second.start() is False
+        assert "stepped aside" in second.status.message and "another jobsight agent" in second.status.message
+        assert "callbacks still profile" in second.status.message
+    finally:
+        node.stop()
+    # A site that opted into the abstract name, where its Dynolog already answers.
+    name = f"jobsight-test-{uuid.uuid4().hex[:12]}"
+    abstract = dataclasses.replace(node.settings, kineto_abstract_socket=True)
+    with KinetoEndpoint(name):  # a site's Dynolog, say
+        service = KinetoService(abstract, node.shipper, socket_name=name)
+        assert service.start() is False
+        assert "stepped aside" in service.status.message and f"@{name}" in service.status.message
 
 
 def _free_port() -> int:
