@@ -171,7 +171,7 @@ class AlertSender:
         for job_id, finding_id, event, attempts in failed:
             if attempts >= settings.max_attempts:
                 # Logged here once: a row at max_attempts is never claimed again.
-                log.error("alert given up after %d tries: sink %s, job %s, finding %s %s; last error: %s",
+                log.error("alert given up after %d tries: sink %s, job %r, finding %s %s; last error: %s",
                           attempts, sink, job_id, finding_id, event, error)
         return 0
 

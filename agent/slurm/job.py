@@ -13,6 +13,11 @@ from jobsight.agent.settings import AgentSettings
 _SAFE_JOB = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]{0,127}$")
 
 
+def _ascii_digits(text: str) -> bool:
+    """``0``-``9`` only: ``str.isdigit`` also takes ``²`` and other scripts' digits."""
+    return text.isascii() and text.isdigit()
+
+
 def job_id_from_env(env: dict[str, str]) -> str:
     """The job id users see, so that every hook and the task prolog name a job alike:
 
@@ -25,7 +30,7 @@ def job_id_from_env(env: dict[str, str]) -> str:
     ``ValueError`` when missing or unsafe as a file name.
     """
     array_job, task = env.get("SLURM_ARRAY_JOB_ID", ""), env.get("SLURM_ARRAY_TASK_ID", "")
-    if array_job.isdigit() and task.isdigit():
+    if _ascii_digits(array_job) and _ascii_digits(task):
         job = f"{array_job}_{task}"
     else:
         job = env.get("SLURM_HET_JOB_ID") or env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID") or ""
