@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from jobsight.collector import job_states
+from jobsight.protocol.slurm_json import exit_pair, number, state
 
 SLURM_JOB_ID: Final = re.compile(r"^\d+(?:_\d+)?$")
 """The ids Slurm is asked about; anything else (``local-…``, a simulated job) is not a Slurm job."""
@@ -109,41 +110,23 @@ def parse_sacct(text: str) -> dict[str, SlurmRecord]:
     return _merge(records)
 
 
-def _number(value: Any) -> int | None:
-    """A count in either shape of ``squeue --json`` (22.05: plain; later: ``{set, infinite, number}``)."""
-    if isinstance(value, dict):
-        if not value.get("set", True) or value.get("infinite"):
-            return None
-        value = value.get("number")
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-
 def _json_exit(value: Any) -> int | None:
-    """``exit_code`` as the epilog reads it: 22.05's raw wait status, or the later object."""
-    if isinstance(value, dict):
-        code = _number(value.get("return_code"))
-        signal_field = value.get("signal")
-        signal = _number(signal_field.get("id")) if isinstance(signal_field, dict) else None
-        if code is None and signal is None:
-            return None
-        return 128 + signal if signal else (code or 0)
-    raw = _number(value)
-    if raw is None or raw < 0:
+    """``exit_code`` as the epilog reads it: the exit status, or ``128 + signal``."""
+    pair = exit_pair(value)
+    if pair is None:
         return None
-    return 128 + (raw & 0x7F) if raw & 0x7F else (raw >> 8) & 0xFF
+    return 128 + pair[1] if pair[1] else pair[0]
 
 
 def _json_record(job: Mapping[str, Any]) -> SlurmRecord | None:
-    own = _number(job.get("job_id"))
-    state = job.get("job_state")
-    if isinstance(state, list):  # 23.02 and later: the base state first, then flags
-        state = state[0] if state else None
-    if own is None or not isinstance(state, str) or not state:
+    own = number(job.get("job_id"))
+    base = state(job.get("job_state"))
+    if own is None or base is None:
         return None
-    array, task, het = (_number(job.get(k)) for k in ("array_job_id", "array_task_id", "het_job_id"))
+    array, task, het = (number(job.get(k)) for k in ("array_job_id", "array_task_id", "het_job_id"))
     public = f"{array}_{task}" if array and task is not None and task >= 0 else str(het) if het else str(own)
-    start, end = _number(job.get("start_time")), _number(job.get("end_time"))
-    return SlurmRecord(public, state, _json_exit(job.get("exit_code")),
+    start, end = number(job.get("start_time")), number(job.get("end_time"))
+    return SlurmRecord(public, base, _json_exit(job.get("exit_code")),
                        float(start) if start else None, float(end) if end else None)
 
 

@@ -7,13 +7,8 @@ prolog mint a token for job 4242. JSON has no such ambiguity: every field is its
 name is only ever a name. See ``docs/security.md``.
 
 ``squeue --json`` answers on Slurm 21.08 and later (22.05 is Debian 12's), for pending, running,
-completing and recently ended jobs (``MinJobAge``), one job with ``-j``. Its shape changed across
-versions; both are read here:
-
-* 22.05 (data_parser v0.0.38): ``job_state`` a string, numbers plain (``time_limit`` minutes or
-  ``null``), ``exit_code`` the raw wait status (``768`` is exit 3, ``15`` is signal 15);
-* 23.02 and later: ``job_state`` a list of flags, numbers ``{"set", "infinite", "number"}``,
-  ``exit_code`` ``{"return_code", "signal": {"id"}}``.
+completing and recently ended jobs (``MinJobAge``), one job with ``-j``; both of its shapes are
+read by :mod:`jobsight.protocol.slurm_json`.
 
 Standard library only (the hooks run on every node with the agent extra at most).
 """
@@ -25,44 +20,13 @@ import logging
 import subprocess
 from typing import Any, Final
 
+from jobsight.protocol.slurm_json import exit_pair, number, state
+
 log = logging.getLogger("jobsight.slurm")
 
 SQUEUE: Final = "/usr/bin/squeue"
 MAX_ANSWER_BYTES: Final = 4 * 1024 * 1024
 """One job's answer is a few kilobytes; a larger one is not read whole."""
-
-
-def _number(value: Any) -> int | None:
-    """A count as either shape gives it; ``None`` for unset, infinite or not a number."""
-    if isinstance(value, dict):
-        if not value.get("set", True) or value.get("infinite"):
-            return None
-        value = value.get("number")
-    if isinstance(value, bool) or not isinstance(value, int):
-        return None
-    return value
-
-
-def _state(value: Any) -> str | None:
-    """``"RUNNING"`` (22.05) or ``["COMPLETING", "..."]`` (later: the base state first)."""
-    if isinstance(value, list):
-        value = value[0] if value else None
-    return value if isinstance(value, str) and value else None
-
-
-def _exit_pair(value: Any) -> tuple[int, int] | None:
-    """``(exit, signal)`` from the raw wait status (22.05) or the later object."""
-    if isinstance(value, dict):
-        code = _number(value.get("return_code"))
-        signal_field = value.get("signal")
-        signal = _number(signal_field.get("id")) if isinstance(signal_field, dict) else None
-        if code is None and signal is None:
-            return None
-        return (code or 0, signal or 0)
-    raw = _number(value)
-    if raw is None or raw < 0:
-        return None
-    return ((raw >> 8) & 0xFF, raw & 0x7F)
 
 
 def job_fields(answer: Any, job: str) -> dict[str, str]:
@@ -77,31 +41,31 @@ def job_fields(answer: Any, job: str) -> dict[str, str]:
     if not isinstance(jobs, list) or not job.isdigit():
         return {}
     wanted = int(job)
-    found = next((j for j in jobs if isinstance(j, dict) and _number(j.get("job_id")) == wanted), None)
+    found = next((j for j in jobs if isinstance(j, dict) and number(j.get("job_id")) == wanted), None)
     if found is None:
         return {}
     fields: dict[str, str] = {}
     numbers = {"time_limit": "time_limit", "restarts": "restart_cnt", "user_id": "user_id"}
     for key, name in numbers.items():
-        number = _number(found.get(name))
-        if number is not None and number >= 0:
-            fields[key] = str(number)
+        count = number(found.get(name))
+        if count is not None and count >= 0:
+            fields[key] = str(count)
     # 0 means "none" for these ids in every version.
     for key, name in (("array_job_id", "array_job_id"), ("het_job_id", "het_job_id")):
-        number = _number(found.get(name))
-        if number:
-            fields[key] = str(number)
-    task = _number(found.get("array_task_id"))
+        ident = number(found.get(name))
+        if ident:
+            fields[key] = str(ident)
+    task = number(found.get("array_task_id"))
     if "array_job_id" in fields and task is not None and task >= 0:
         fields["array_task_id"] = str(task)
-    state = _state(found.get("job_state"))
-    if state:
-        fields["job_state"] = state
+    base = state(found.get("job_state"))
+    if base:
+        fields["job_state"] = base
     for key, name in (("reason", "state_reason"), ("name", "name")):
         text = found.get(name)
         if isinstance(text, str) and text:
             fields[key] = text
-    pair = _exit_pair(found.get("exit_code"))
+    pair = exit_pair(found.get("exit_code"))
     if pair is not None:
         fields["exit_code"] = f"{pair[0]}:{pair[1]}"
     return fields
