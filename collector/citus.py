@@ -6,7 +6,7 @@ every table, idempotently (a table already placed is left as it is):
 * every table with a ``job_id`` column: distributed by ``job_id``, co-located with ``jobs``, so one
   job's rows of every table sit in one shard group and a job's page is read from one worker. A
   partitioned table is distributed as a whole; the daily partitions made later follow it;
-* the batch ledger ``ingest_batches``: distributed by ``source`` (its key is ``(source, seq)``);
+* the batch ledger ``ingest_batches``: distributed by ``source`` (its key is ``(source, sender, seq)``);
 * :data:`REFERENCE_TABLES`, small lookup tables: a copy on every node;
 * :data:`LOCAL_TABLES`: left on the coordinator, each for the reason given.
 
