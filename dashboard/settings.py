@@ -20,6 +20,11 @@ CommaList = Annotated[tuple[str, ...], NoDecode]
 ProxyNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 
 
+def _comma_list(value: Any) -> Any:
+    """An environment variable's ``a, b,c`` as its parts; a TOML list (or anything else) as it is."""
+    return [part.strip() for part in value.split(",") if part.strip()] if isinstance(value, str) else value
+
+
 class DashboardSettings(TomlTableSettings):
     model_config = SettingsConfigDict(env_prefix="JOBSIGHT_DASHBOARD_", extra="ignore")
     toml_table: ClassVar[str] = "dashboard"
@@ -78,14 +83,13 @@ class DashboardSettings(TomlTableSettings):
     @field_validator("admin_users", "admin_groups", mode="before")
     @classmethod
     def _split(cls, value: Any) -> Any:
-        if isinstance(value, str):
-            return tuple(part.strip() for part in value.split(",") if part.strip())
-        return value
+        parts = _comma_list(value)
+        return tuple(parts) if isinstance(value, str) else parts
 
     @field_validator("oidc_email_domains", mode="before")
     @classmethod
     def _domains(cls, value: Any) -> Any:
-        parts = [p.strip() for p in value.split(",") if p.strip()] if isinstance(value, str) else value
+        parts = _comma_list(value)
         if not isinstance(parts, list | tuple):
             return value
         domains = []
@@ -107,7 +111,7 @@ class DashboardSettings(TomlTableSettings):
     @field_validator("trusted_proxies", mode="before")
     @classmethod
     def _networks(cls, value: Any) -> Any:
-        parts = [p.strip() for p in value.split(",") if p.strip()] if isinstance(value, str) else value
+        parts = _comma_list(value)
         if not isinstance(parts, list | tuple):
             return value
         try:
