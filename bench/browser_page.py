@@ -50,8 +50,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 os.environ.setdefault("STREAMLIT_LOGGER_LEVEL", "error")
 
 from bench.stack import REPO, Stack, median_time, running_stack  # noqa: E402
-from jobsight.collector import log_queries, profile_queries, queries  # noqa: E402
-from jobsight.collector.embedded_db import free_port  # noqa: E402
+from jobsight.collector.query import logs as log_queries  # noqa: E402
+from jobsight.collector.query import profiles as profile_queries  # noqa: E402
+from jobsight.collector.query import series as queries  # noqa: E402
+from jobsight.collector.query.jobs import get_job
+from jobsight.collector.store.embedded_db import free_port  # noqa: E402
 from jobsight.commands.dashboard import streamlit_argv  # noqa: E402
 from jobsight.dashboard import data  # noqa: E402
 from jobsight.dashboard.settings import DashboardSettings, load_dashboard_settings  # noqa: E402
@@ -78,7 +81,7 @@ def page_reads(job: str, settings: DashboardSettings) -> dict[str, Callable[[psy
     """What the job page reads, in the order it reads it (jobsight.dashboard.views.job), by part."""
     cells, most = settings.heatmap_cells, settings.chart_points
     return {
-        "job": lambda conn: queries.get_job(conn, CLUSTER, job),
+        "job": lambda conn: get_job(conn, CLUSTER, job),
         "gpus": lambda conn: data.read_gpu_grid(conn, CLUSTER, job, cells, most),
         "markers": lambda conn: (log_queries.log_events(conn, CLUSTER, job, level="WARNING", limit=200),
                                  queries.epoch_starts(conn, CLUSTER, job),

@@ -33,9 +33,15 @@ from psycopg.rows import dict_row
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.stack import median_time  # noqa: E402
-from jobsight.collector import audit_queries, compaction, log_queries, migrate, profile_queries, queries  # noqa: E402
-from jobsight.collector.embedded_db import EmbeddedPostgres  # noqa: E402
-from jobsight.collector.partitions import PartitionKeeper, partition_name  # noqa: E402
+from jobsight.collector.query import audit as audit_queries  # noqa: E402
+from jobsight.collector.query import logs as log_queries  # noqa: E402
+from jobsight.collector.query import profiles as profile_queries  # noqa: E402
+from jobsight.collector.query import series as queries  # noqa: E402
+from jobsight.collector.query.jobs import get_job
+from jobsight.collector.store import migrate  # noqa: E402
+from jobsight.collector.store.embedded_db import EmbeddedPostgres  # noqa: E402
+from jobsight.collector.store.partitions import PartitionKeeper, partition_name  # noqa: E402
+from jobsight.collector.tiers import compaction  # noqa: E402
 from jobsight.dashboard import data  # noqa: E402
 from jobsight.dashboard.settings import DashboardSettings  # noqa: E402
 from tests.dashboard.test_query_scale import GPUS, fill_gpu_samples  # noqa: E402
@@ -60,7 +66,7 @@ PAGE = DashboardSettings()
 def job_page_queries(conn: psycopg.Connection[Any]) -> None:
     """The reads of the job page, as the dashboard makes them (its heatmap, step band and metric
     budgets), with the markers and the warnings the page shows."""
-    queries.get_job(conn, CLUSTER, JOB)
+    get_job(conn, CLUSTER, JOB)
     data.read_gpu_grid(conn, CLUSTER, JOB, PAGE.heatmap_cells, PAGE.chart_points)
     data.read_step_grid(conn, CLUSTER, JOB, PAGE.heatmap_cells, PAGE.chart_points)
     data.read_metric_grid(conn, CLUSTER, JOB, PAGE.line_points, PAGE.chart_points)

@@ -28,11 +28,11 @@ from psycopg.rows import dict_row
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from jobsight.collector import migrate  # noqa: E402
-from jobsight.collector.embedded_db import EmbeddedPostgres  # noqa: E402
-from jobsight.collector.findings import HealthEvaluator  # noqa: E402
-from jobsight.collector.health_settings import load_health_settings  # noqa: E402
-from jobsight.collector.partitions import PartitionKeeper  # noqa: E402
+from jobsight.collector.config.health import load_health_settings  # noqa: E402
+from jobsight.collector.passes.findings import HealthEvaluator  # noqa: E402
+from jobsight.collector.store import migrate  # noqa: E402
+from jobsight.collector.store.embedded_db import EmbeddedPostgres  # noqa: E402
+from jobsight.collector.store.partitions import PartitionKeeper  # noqa: E402
 
 GPUS = RANKS = 8
 

@@ -34,10 +34,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import psycopg  # noqa: E402
 
 from bench.stack import Stack, running_stack  # noqa: E402
-from jobsight.collector.ingest import COPY_TYPES, copy_sql, prepare  # noqa: E402
-from jobsight.collector.ingest_rows import PG_EPOCH_US  # noqa: E402
-from jobsight.collector.schema import gpu_samples  # noqa: E402
-from jobsight.collector.timestamps import ts_from_us  # noqa: E402
+from jobsight.collector.ingest.rows import PG_EPOCH_US  # noqa: E402
+from jobsight.collector.ingest.write import COPY_TYPES, copy_sql, prepare  # noqa: E402
+from jobsight.collector.store.schema import gpu_samples  # noqa: E402
+from jobsight.collector.store.timestamps import ts_from_us  # noqa: E402
 from jobsight.protocol.wire import decode_batch, encode_batch, now_us  # noqa: E402
 
 BATCH = 1000

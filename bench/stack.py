@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from jobsight.collector import migrate
-from jobsight.collector.embedded_db import EmbeddedPostgres, free_port
+from jobsight.collector.store import migrate
+from jobsight.collector.store.embedded_db import EmbeddedPostgres, free_port
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -83,7 +83,7 @@ def _database(work: Path, kind: str) -> tuple[str, list[EmbeddedPostgres]]:
         url = server.start()
         migrate.upgrade(url)
         return url, [server]
-    from jobsight.collector.citus import distribute
+    from jobsight.collector.store.citus import distribute
     from tests.citus.cluster import citus_missing, start_citus_cluster, start_single_server
 
     if kind == "pg15":

@@ -34,10 +34,11 @@ from psycopg.rows import dict_row
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from jobsight.collector import compaction, migrate  # noqa: E402
-from jobsight.collector.embedded_db import EmbeddedPostgres  # noqa: E402
-from jobsight.collector.partitions import PartitionKeeper  # noqa: E402
-from jobsight.collector.rollup import rebuild_minutes  # noqa: E402
+from jobsight.collector.store import migrate  # noqa: E402
+from jobsight.collector.store.embedded_db import EmbeddedPostgres  # noqa: E402
+from jobsight.collector.store.partitions import PartitionKeeper  # noqa: E402
+from jobsight.collector.tiers import compaction  # noqa: E402
+from jobsight.collector.tiers.rollup import rebuild_minutes  # noqa: E402
 
 START = dt.datetime(2024, 6, 3, tzinfo=dt.UTC)
 JOB, CLUSTER = "8675309", "default"

@@ -10,21 +10,22 @@ from contextlib import asynccontextmanager
 from fastapi import Depends, FastAPI
 from starlette.types import Receive, Scope, Send
 
-from jobsight.collector import alerts, compaction
-from jobsight.collector.alert_settings import AlertSettings, load_alert_settings
-from jobsight.collector.auth import Authenticator, ensure_admin_token, load_cluster_secret
-from jobsight.collector.db import autocommit_connection, open_pool
-from jobsight.collector.errors import install_error_handlers
-from jobsight.collector.findings import Evaluator
-from jobsight.collector.health_settings import HealthSettings, load_health_settings
-from jobsight.collector.migrate import schema_is_current
-from jobsight.collector.params import refuse_nul
-from jobsight.collector.partitions import PartitionKeeper
-from jobsight.collector.reconcile import start_reconciler
-from jobsight.collector.routes import epochs, findings, health, ingest, jobs, profiles, summaries
-from jobsight.collector.settings import CollectorSettings, SettingsError, load_collector_settings
-from jobsight.collector.telemetry import CollectorMetrics
-from jobsight.collector.tier_settings import TierSettings, load_tier_settings
+from jobsight.collector.api.auth import Authenticator, ensure_admin_token, load_cluster_secret
+from jobsight.collector.api.errors import install_error_handlers
+from jobsight.collector.api.params import refuse_nul
+from jobsight.collector.api.routes import epochs, findings, health, ingest, jobs, profiles, summaries
+from jobsight.collector.api.telemetry import CollectorMetrics
+from jobsight.collector.config.alerts import AlertSettings, load_alert_settings
+from jobsight.collector.config.health import HealthSettings, load_health_settings
+from jobsight.collector.config.settings import CollectorSettings, SettingsError, load_collector_settings
+from jobsight.collector.config.tiers import TierSettings, load_tier_settings
+from jobsight.collector.passes import alerts
+from jobsight.collector.passes.findings import Evaluator
+from jobsight.collector.passes.reconcile import start_reconciler
+from jobsight.collector.store.db import autocommit_connection, open_pool
+from jobsight.collector.store.migrate import schema_is_current
+from jobsight.collector.store.partitions import PartitionKeeper
+from jobsight.collector.tiers import compaction
 
 log = logging.getLogger("jobsight.collector")
 
@@ -58,7 +59,7 @@ def _compact(app: FastAPI, stop: threading.Event) -> None:
 
 
 def _start_health(app: FastAPI, database_url: str, stop: threading.Event) -> None:
-    """The health evaluator (one process of the collector's leads; see collector/findings.py) and
+    """The health evaluator (one process of the collector's leads; see collector/passes/findings.py) and
     the alert sender (every process; rows are claimed with SKIP LOCKED)."""
     health_settings: HealthSettings = app.state.health_settings
     alert_settings: AlertSettings = app.state.alert_settings
@@ -74,7 +75,7 @@ def _start_health(app: FastAPI, database_url: str, stop: threading.Event) -> Non
 
 class CollectorApp(FastAPI):
     """The collector's app: a plain ``POST /v1/ingest`` goes straight to
-    :func:`~jobsight.collector.routes.ingest.serve_ingest`, past FastAPI's layers (see there
+    :func:`~jobsight.collector.api.routes.ingest.serve_ingest`, past FastAPI's layers (see there
     why); everything else, FastAPI serves."""
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -104,7 +105,7 @@ def create_app(settings: CollectorSettings | None = None) -> FastAPI:
         if app.state.tier_settings.compact_interval_s > 0:
             threading.Thread(target=_compact, args=(app, stop), name="jobsight-compaction", daemon=True).start()
         _start_health(app, database_url, stop)
-        start_reconciler(database_url, stop)  # ends jobs whose epilog was never heard (collector/reconcile.py)
+        start_reconciler(database_url, stop)  # ends jobs whose epilog was never heard (collector/passes/reconcile.py)
         try:
             yield
         finally:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import streamlit as st
 
-from jobsight.collector.settings import SettingsError
+from jobsight.collector.config.settings import SettingsError
 from jobsight.dashboard.identity import viewer_or_stop
 from jobsight.dashboard.markup import plain
 from jobsight.dashboard.settings import load_dashboard_settings

@@ -18,8 +18,15 @@ import pandas as pd
 import streamlit as st
 from psycopg_pool import ConnectionPool
 
-from jobsight.collector import audit_queries, epoch_energy, finding_queries, log_queries, profile_queries, queries
-from jobsight.collector.db import Connection, open_pool, unit_of_work
+from jobsight.collector.query import audit as audit_queries
+from jobsight.collector.query import epoch_energy
+from jobsight.collector.query import findings as finding_queries
+from jobsight.collector.query import logs as log_queries
+from jobsight.collector.query import profiles as profile_queries
+from jobsight.collector.query import series as queries
+from jobsight.collector.query.jobs import get_job, list_jobs
+from jobsight.collector.query.time_range import TimeRange
+from jobsight.collector.store.db import Connection, open_pool, unit_of_work
 from jobsight.dashboard.identity import Viewer
 from jobsight.dashboard.settings import load_dashboard_settings, points_per_series
 
@@ -71,7 +78,7 @@ class JobAccess:
 
 @st.cache_data(ttl=TTL, show_spinner=False)
 def _jobs(filters: tuple[tuple[str, Any], ...], limit: int) -> tuple[pd.DataFrame, int]:
-    rows, total = _read(queries.list_jobs, limit=limit, **dict(filters))
+    rows, total = _read(list_jobs, limit=limit, **dict(filters))
     return _frame(rows), total
 
 
@@ -95,7 +102,7 @@ def jobs(
 
 @st.cache_data(ttl=TTL, show_spinner=False)
 def _job(cluster: str, job_id: str) -> dict[str, Any] | None:
-    return _read(queries.get_job, cluster, job_id)
+    return _read(get_job, cluster, job_id)
 
 
 def open_job(viewer: Viewer, cluster: str, job_id: str) -> JobAccess:
@@ -131,7 +138,7 @@ def _most_ranks_per_metric(rows: Sequence[dict[str, Any]]) -> int:
     return max(map(len, ranks.values()), default=0)
 
 
-def rollup_points(window: queries.TimeRange, points: int) -> int:
+def rollup_points(window: TimeRange, points: int) -> int:
     """``points``, or fewer (down to half) when that makes :func:`queries.gpu_series` read a
     rollup (hours, else minutes) instead of a finer one or the raw samples.
 
@@ -151,7 +158,7 @@ def rollup_points(window: queries.TimeRange, points: int) -> int:
     return points
 
 
-def _points_for(aligned: queries.TimeRange, points: int, least: float) -> int | None:
+def _points_for(aligned: TimeRange, points: int, least: float) -> int | None:
     """``points`` if its buckets over ``aligned`` are ``least`` seconds or wider; else the most
     points that are, if that is at least half of ``points``; else ``None``."""
     if aligned.bucket_seconds(points) >= least:
@@ -180,7 +187,7 @@ GPU_ROLLUP = Rollup(queries.ROLLUP_MIN_BUCKET_S, "samples")
 STEP_ROLLUP = Rollup(queries.STEP_ROLLUP_MIN_BUCKET_S, "steps")
 
 
-def raw_budget_points(window: queries.TimeRange, points: int, recent: Sequence[dict[str, Any]],
+def raw_budget_points(window: TimeRange, points: int, recent: Sequence[dict[str, Any]],
                       rollup: Rollup) -> int:
     """``points``, or the rollup's grid when reading ``points`` buckets would read more than
     :data:`RAW_ROWS_MAX` raw rows. The raw rows are estimated from ``recent`` (one bucket per
@@ -391,7 +398,7 @@ def _epochs(cluster: str, job_id: str, running: bool) -> dict[str, Any]:
 
 def epochs(ref: JobRef, running: bool) -> dict[str, Any]:
     """Energy per epoch, before the first and after the last, and the job's energy (so far, when
-    ``running``): :func:`jobsight.collector.epoch_energy.job_epochs`."""
+    ``running``): :func:`jobsight.collector.query.epoch_energy.job_epochs`."""
     return _epochs(ref.cluster, ref.job_id, running)
 
 

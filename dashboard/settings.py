@@ -14,7 +14,7 @@ from typing import Annotated, Any, ClassVar, Literal, Self
 from pydantic import Field, PrivateAttr, ValidationError, field_validator, model_validator
 from pydantic_settings import NoDecode, SettingsConfigDict
 
-from jobsight.collector.settings import SettingsError, TomlTableSettings, validation_message
+from jobsight.collector.config.settings import SettingsError, TomlTableSettings, validation_message
 
 CommaList = Annotated[tuple[str, ...], NoDecode]
 ProxyNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network

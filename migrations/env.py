@@ -1,4 +1,4 @@
-"""Alembic environment. The DSN comes from the caller (``jobsight.collector.migrate``) or
+"""Alembic environment. The DSN comes from the caller (``jobsight.collector.store.migrate``) or
 ``JOBSIGHT_DATABASE_URL``; daily partitions are the collector's, not Alembic's."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import os
 from alembic import context
 from sqlalchemy import create_engine, pool
 
-from jobsight.collector.schema import include_name, metadata
+from jobsight.collector.store.schema import include_name, metadata
 
 
 def _url() -> str:

@@ -18,8 +18,8 @@ from typing import Any
 import psycopg
 import pytest
 
-from jobsight.collector import migrate
-from jobsight.collector.embedded_db import EmbeddedPostgres, free_port
+from jobsight.collector.store import migrate
+from jobsight.collector.store.embedded_db import EmbeddedPostgres, free_port
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -83,7 +83,7 @@ def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def admin_token(data_dir: Path) -> str:
-    from jobsight.collector.auth import ensure_admin_token
+    from jobsight.collector.api.auth import ensure_admin_token
 
     return ensure_admin_token(data_dir / "admin_token")
 
@@ -94,7 +94,7 @@ def client(database_url: str, data_dir: Path, admin_token: str) -> Iterator[Any]
     from fastapi.testclient import TestClient
 
     from jobsight.collector.app import create_app
-    from jobsight.collector.settings import load_collector_settings
+    from jobsight.collector.config.settings import load_collector_settings
 
     settings = load_collector_settings(database_url=database_url, data_dir=data_dir)
     with TestClient(create_app(settings)) as test_client:

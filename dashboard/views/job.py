@@ -12,14 +12,13 @@ from typing import Any
 import pandas as pd
 import streamlit as st
 
-from jobsight.collector import job_states
-from jobsight.collector.profile_queries import TooManyOpenRequests
+from jobsight.collector.query.profiles import TooManyOpenRequests
 from jobsight.dashboard import charts, data, job_facts
 from jobsight.dashboard.identity import viewer_or_stop
 from jobsight.dashboard.markup import plain, plain_join
 from jobsight.dashboard.settings import load_dashboard_settings
 from jobsight.dashboard.views import job_epochs, job_health
-from jobsight.protocol import diagnosis, links
+from jobsight.protocol import diagnosis, job_states, links
 
 settings = load_dashboard_settings()
 viewer = viewer_or_stop(settings)
@@ -53,7 +52,7 @@ every = dt.timedelta(seconds=settings.refresh_s) if running else None
 
 def _domain(job: dict[str, Any]) -> charts.Domain:
     now = dt.datetime.now(dt.UTC)
-    # A requeued job shows its latest run (collector/job_runs.py); run_start is NULL for run 0.
+    # A requeued job shows its latest run (collector/jobs/job_runs.py); run_start is NULL for run 0.
     start = job.get("run_start") or job.get("start_time") or job.get("first_seen") or now
     end = job.get("end_time") or (now if job["state"] == "running" else job.get("last_seen")) or now
     return start, max(end, start + dt.timedelta(seconds=1))

@@ -7,14 +7,13 @@ import datetime as dt
 import pandas as pd
 import streamlit as st
 
-from jobsight.collector import job_states
 from jobsight.dashboard import data, job_groups, url_state
 from jobsight.dashboard.identity import viewer_or_stop
 from jobsight.dashboard.markup import plain
 from jobsight.dashboard.settings import load_dashboard_settings
 from jobsight.dashboard.url_state import Param
 from jobsight.dashboard.views.job_health import health_cell
-from jobsight.protocol import links
+from jobsight.protocol import job_states, links
 
 settings = load_dashboard_settings()
 viewer = viewer_or_stop(settings)

@@ -1,6 +1,6 @@
 """``jobsight compact``: pack closed days of GPU and host samples into the packed tier now.
 
-The same pass the collector runs on its timer (:func:`jobsight.collector.compaction.run_pass`),
+The same pass the collector runs on its timer (:func:`jobsight.collector.tiers.compaction.run_pass`),
 against ``JOBSIGHT_DATABASE_URL``: ``--older-than 0s`` packs every day before today (UTC),
 ``--older-than 3d`` the days that ended three days ago or earlier; without it, the days older
 than ``JOBSIGHT_HOT_DAYS``. If a collector is running a pass, this one waits for it.
@@ -41,10 +41,11 @@ def run(name: str, args: argparse.Namespace) -> int:
     import psycopg
     from psycopg.rows import dict_row
 
-    from jobsight.collector import compaction, migrate
-    from jobsight.collector.partitions import PartitionKeeper
-    from jobsight.collector.settings import SettingsError
-    from jobsight.collector.tier_settings import load_tier_settings
+    from jobsight.collector.config.settings import SettingsError
+    from jobsight.collector.config.tiers import load_tier_settings
+    from jobsight.collector.store import migrate
+    from jobsight.collector.store.partitions import PartitionKeeper
+    from jobsight.collector.tiers import compaction
     from jobsight.commands.server import load_settings
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")

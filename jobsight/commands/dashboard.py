@@ -15,7 +15,7 @@ from pathlib import Path
 
 import jobsight.dashboard
 from jobsight.cli import CliError
-from jobsight.collector.settings import SettingsError
+from jobsight.collector.config.settings import SettingsError
 from jobsight.dashboard.proxy_trust import NO_FORWARDED_FOR, bind_problem
 from jobsight.dashboard.settings import DashboardSettings, load_dashboard_settings
 

@@ -30,7 +30,7 @@ from typing import Any, Final
 from jobsight.agent.node.simulated_gpus import SimulatedGpus
 from jobsight.agent.settings import AgentSettings, load_agent_settings
 from jobsight.agent.shipping.shipper import Shipper
-from jobsight.collector.settings import SettingsError
+from jobsight.collector.config.settings import SettingsError
 from jobsight.commands.demo_settings import DemoSettings, load_demo_settings
 from jobsight.commands.demo_story import CLUSTER, GPUS_PER_NODE, NODES, SLOW_RANK, SimulatedRun, us
 

@@ -10,7 +10,7 @@ and named ``simulated: …``.
 
 The wire refuses records older than a week, so these batches do not go through the HTTP API:
 they are validated with the wire's own checks (at the time each job ended) and stored by the
-collector's ingest writer (:func:`jobsight.collector.ingest.store_group`), in one transaction,
+collector's ingest writer (:func:`jobsight.collector.ingest.write.store_group`), in one transaction,
 which builds the rollups and the job summaries exactly as ingest does. The batches carry the
 source :data:`SOURCE`; when a batch of it is already stored, nothing is written again.
 """
@@ -27,9 +27,9 @@ import psycopg
 from psycopg.rows import dict_row
 
 from jobsight.agent.node.simulated_gpus import IDLE_W, MEMORY_TOTAL, NAME, TDP_W, gpu_uuid
-from jobsight.collector import ingest
-from jobsight.collector.migrate import libpq_url
-from jobsight.collector.partitions import PartitionKeeper
+from jobsight.collector.ingest import write as ingest
+from jobsight.collector.store.migrate import libpq_url
+from jobsight.collector.store.partitions import PartitionKeeper
 from jobsight.commands.demo_story import CLUSTER, GPUS_PER_NODE, us
 from jobsight.protocol.wire import Batch, decode_batch
 

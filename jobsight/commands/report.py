@@ -24,8 +24,7 @@ from urllib.parse import quote
 from jobsight.agent.settings import AgentSettings, load_agent_settings
 from jobsight.agent.shipping.client import CollectorClient
 from jobsight.cli import CliError
-from jobsight.collector import job_states
-from jobsight.protocol import links
+from jobsight.protocol import job_states, links
 
 TIMEOUT_S: Final = 10.0
 WIDTH: Final = 72

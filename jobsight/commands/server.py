@@ -11,8 +11,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
 
 from jobsight.cli import CliError
-from jobsight.collector.settings import CollectorSettings, SettingsError, load_collector_settings
-from jobsight.collector.telemetry import MULTIPROC_DIR_ENV, clear_multiprocess_dir
+from jobsight.collector.api.telemetry import MULTIPROC_DIR_ENV, clear_multiprocess_dir
+from jobsight.collector.config.settings import CollectorSettings, SettingsError, load_collector_settings
 
 
 def configure_parser(name: str, parser: argparse.ArgumentParser) -> None:
@@ -51,7 +51,7 @@ def _database_url(settings: CollectorSettings) -> str:
 
 
 def run_migrate(settings: CollectorSettings, args: argparse.Namespace) -> int:
-    from jobsight.collector import migrate
+    from jobsight.collector.store import migrate
 
     url = _database_url(settings)
     try:
@@ -71,7 +71,7 @@ def run_migrate(settings: CollectorSettings, args: argparse.Namespace) -> int:
 
 
 def _distribute(url: str) -> int:
-    from jobsight.collector.citus import CitusError, distribute
+    from jobsight.collector.store.citus import CitusError, distribute
 
     try:
         placement = distribute(url)

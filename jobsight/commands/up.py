@@ -27,7 +27,7 @@ from typing import IO
 from urllib.parse import urlencode
 
 from jobsight.cli import CliError
-from jobsight.collector.settings import CollectorSettings, SettingsError
+from jobsight.collector.config.settings import CollectorSettings, SettingsError
 from jobsight.commands.dashboard import checked_settings, streamlit_argv, streamlit_env
 from jobsight.commands.demo_settings import DemoSettings, load_demo_settings
 from jobsight.commands.server import load_settings
@@ -144,7 +144,7 @@ def _announce(line: str) -> None:
 def _demo_alert_sink(stack: _Stack, env: dict[str, str]) -> str:
     """Start the local alert sink and make it the collector's, unless alerts are configured already;
     returns the console line about it."""
-    from jobsight.collector.alert_settings import load_alert_settings
+    from jobsight.collector.config.alerts import load_alert_settings
     from jobsight.commands.demo_sink import DemoAlertSink
 
     try:
@@ -168,9 +168,9 @@ def _history_line(written: int, days: int, audit_url: str | None) -> str:
 
 
 def run_up(settings: CollectorSettings, args: argparse.Namespace, demo: DemoSettings | None = None) -> int:
-    from jobsight.collector import migrate
-    from jobsight.collector.auth import ensure_admin_token, ensure_cluster_secret
-    from jobsight.collector.embedded_db import EmbeddedDatabaseError, EmbeddedPostgres
+    from jobsight.collector.api.auth import ensure_admin_token, ensure_cluster_secret
+    from jobsight.collector.store import migrate
+    from jobsight.collector.store.embedded_db import EmbeddedDatabaseError, EmbeddedPostgres
 
     logs = settings.data_dir / "logs"
     stack = _Stack(logs)

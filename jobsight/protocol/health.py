@@ -1,7 +1,7 @@
 """Live health rules: what a running job's stored telemetry says is wrong with it, as findings.
 
 Standard library only, beside :mod:`jobsight.protocol.diagnosis` (whose straggler rule this
-applies live): the collector's evaluator (``collector/findings.py``) reads per-rank step sums and
+applies live): the collector's evaluator (``collector/passes/findings.py``) reads per-rank step sums and
 per-GPU windows from its rollups into the shapes below and calls :func:`evaluate`; the page, the
 API and the report show what it stored. A rule gives at most one :class:`Finding` per subject,
 with the numbers it rests on in ``evidence``.

@@ -20,7 +20,7 @@ What values a field takes is declared here too, with ``Annotated`` markers the v
 
 * :class:`Range`: the inclusive bounds of an ``int`` or ``float`` field. An integer's are those
   of the PostgreSQL column it lands in (:data:`Int2`, :data:`Int4`, :data:`Int8`; see
-  ``collector/schema.py``, and ``tests/protocol/test_record_shapes.py``, which holds the two
+  ``collector/store/schema.py``, and ``tests/protocol/test_record_shapes.py``, which holds the two
   together). A float column (float8) takes any finite number, but PostgreSQL adds some of
   them up (the per-minute GPU rollup, averages on the charts): those fields get physical
   bounds, so that no sum of stored values can overflow a float8. A bare ``int`` is an int8,
@@ -73,7 +73,7 @@ Rank = Annotated[int, Range(0, 2**31 - 1)]
 """A process's rank in its job (``torch.distributed``'s, from 0): never negative, so that the
 rollups can key "no rank" as -1."""
 
-# Physical bounds of the floats PostgreSQL sums (collector/rollup.py, collector/summaries.py,
+# Physical bounds of the floats PostgreSQL sums (collector/tiers/rollup.py, collector/jobs/summaries.py,
 # the charts' averages): wide enough for any real reading, narrow enough that adding up
 # every sample any batch can carry stays far inside a float8.
 Percent = Annotated[float, Range(0.0, 100.0)]

@@ -5,7 +5,7 @@ Revises: 0003
 Create Date: 2026-11-23
 
 Closed days of gpu_samples and gpu_minutes are rewritten by the compaction pass into one row
-per job, GPU and hour with typed arrays (collector/packed_format.py), GPUs named by a small
+per job, GPU and hour with typed arrays (collector/tiers/packed_format.py), GPUs named by a small
 dictionary (gpu_devices) and sample times shared by the GPUs of a node (gpu_sample_timelines).
 The new tables are partitioned by day like the raw ones; their partitions are made by the pass.
 

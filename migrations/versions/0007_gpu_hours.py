@@ -101,7 +101,7 @@ def upgrade() -> None:
     bind = op.get_bind()
     for day in _minute_days(bind):
         start = dt.datetime.combine(day, dt.time(), dt.UTC)
-        # The collector's partition name and bounds (collector/partitions.py).
+        # The collector's partition name and bounds (collector/store/partitions.py).
         op.execute(f"""CREATE TABLE gpu_hours_p{day:%Y%m%d} PARTITION OF gpu_hours
                        FOR VALUES FROM ('{day.isoformat()} 00:00:00+00')
                        TO ('{day + dt.timedelta(days=1)} 00:00:00+00')""")

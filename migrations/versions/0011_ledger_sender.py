@@ -11,7 +11,7 @@ real prolog's batch a "duplicate", silently dropped. The key now holds the sende
 sender can only ever make its own batches duplicates.
 
 Rows stored before this revision have no known sender: they get ``*``, which the collector reads as
-"any sender" (collector/ingest.py), so a batch stored before the upgrade and replayed after it is
+"any sender" (collector/ingest/write.py), so a batch stored before the upgrade and replayed after it is
 still acknowledged once, as it was. Downgrade keeps one row per ``(source, seq)``.
 """
 

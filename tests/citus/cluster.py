@@ -2,7 +2,7 @@
 ``shared_preload_libraries = 'citus'`` (built by tests/citus/build_citus.sh), on loopback ports;
 and a plain PostgreSQL 15 server, the single-server answer the cluster's is compared with.
 
-As root the servers run as a system user (collector/embedded_db.py). Host logins need a password
+As root the servers run as a system user (collector/store/embedded_db.py). Host logins need a password
 (scram-sha-256); the nodes share one, and each server's own ``pgpass`` lets the coordinator reach its
 workers as ``postgres``.
 """
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import psycopg
 
-from jobsight.collector.embedded_db import EmbeddedPostgres
+from jobsight.collector.store.embedded_db import EmbeddedPostgres
 
 PG15_BIN = Path("/usr/lib/postgresql/15/bin")
 REQUIRE_ENV = "JOBSIGHT_REQUIRE_CITUS"

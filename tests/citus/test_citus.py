@@ -28,20 +28,18 @@ from psycopg.rows import dict_row
 
 from jobsight.agent.settings import AgentSettings
 from jobsight.agent.shipping.shipper import Shipper
-from jobsight.collector import (
-    alerts,
-    audit_queries,
-    compaction,
-    finding_queries,
-    log_queries,
-    profile_queries,
-    queries,
-)
-from jobsight.collector.alert_settings import load_alert_settings
-from jobsight.collector.citus import LOCAL_TABLES, REFERENCE_TABLES
-from jobsight.collector.findings import HealthEvaluator
-from jobsight.collector.health_settings import load_health_settings
-from jobsight.collector.partitions import PartitionKeeper, partition_name
+from jobsight.collector.config.alerts import load_alert_settings
+from jobsight.collector.config.health import load_health_settings
+from jobsight.collector.passes import alerts
+from jobsight.collector.passes.findings import HealthEvaluator
+from jobsight.collector.query import audit as audit_queries
+from jobsight.collector.query import findings as finding_queries
+from jobsight.collector.query import logs as log_queries
+from jobsight.collector.query import profiles as profile_queries
+from jobsight.collector.query import series as queries
+from jobsight.collector.store.citus import LOCAL_TABLES, REFERENCE_TABLES
+from jobsight.collector.store.partitions import PartitionKeeper, partition_name
+from jobsight.collector.tiers import compaction
 from jobsight.dashboard import data as dashboard_data
 from tests.citus.cluster import citus_missing, required, start_citus_cluster, start_single_server
 from tests.citus.dataset import all_records, day_start
@@ -172,7 +170,7 @@ def test_every_table_with_job_id_is_distributed_by_it_and_the_local_ones_are_nam
         shards = conn.execute(
             """SELECT count(DISTINCT nodeport) FROM citus_shards WHERE table_name = 'gpu_samples'::regclass"""
         ).fetchone()
-    # What is left local, each on purpose (jobsight.collector.citus.LOCAL_TABLES says why).
+    # What is left local, each on purpose (jobsight.collector.store.citus.LOCAL_TABLES says why).
     assert tables - set(placed) == set(LOCAL_TABLES) == {"alembic_version"}
     jobs_colocation = placed["jobs"][2]
     for table in with_job_id:

@@ -18,7 +18,7 @@ def secret_client(database_url: str, data_dir: Path, admin_token: str, tmp_path:
     from fastapi.testclient import TestClient
 
     from jobsight.collector.app import create_app
-    from jobsight.collector.settings import load_collector_settings
+    from jobsight.collector.config.settings import load_collector_settings
 
     secret_file = tmp_path / "cluster_secret"
     secret_file.write_text(SECRET + "\n")

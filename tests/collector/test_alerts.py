@@ -23,11 +23,11 @@ import psycopg
 import pytest
 from psycopg.rows import dict_row
 
-from jobsight.collector.alert_messages import redact
-from jobsight.collector.alert_settings import AlertSettings, load_alert_settings
-from jobsight.collector.alerts import AlertSender, enqueue
-from jobsight.collector.embedded_db import free_port
-from jobsight.collector.settings import SettingsError
+from jobsight.collector.config.alerts import AlertSettings, load_alert_settings
+from jobsight.collector.config.settings import SettingsError
+from jobsight.collector.passes.alert_messages import redact
+from jobsight.collector.passes.alerts import AlertSender, enqueue
+from jobsight.collector.store.embedded_db import free_port
 from jobsight.protocol.wire import now_us
 from tests.collector.helpers import gz
 from tests.conftest import LiveCollector

@@ -7,7 +7,7 @@ from typing import Any
 
 import psycopg
 
-from jobsight.collector.allocations import Allocation, AllocationCache
+from jobsight.collector.jobs.allocations import Allocation, AllocationCache
 from tests.collector.test_hardening_node_tokens import prolog, sample, send
 
 

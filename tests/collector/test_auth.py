@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from jobsight.collector.auth import ensure_admin_token
+from jobsight.collector.api.auth import ensure_admin_token
 from jobsight.protocol.tokens import mint_job_token, mint_node_token
 from jobsight.protocol.wire import encode_batch, now_us
 from tests.collector.helpers import SECRET, next_seq, post
@@ -183,7 +183,7 @@ def test_collector_refuses_a_readable_secret(tmp_path: Path, mode: int) -> None:
 
 def test_missing_secret_is_logged(database_url: str, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     from jobsight.collector.app import create_app
-    from jobsight.collector.settings import load_collector_settings
+    from jobsight.collector.config.settings import load_collector_settings
 
     settings = load_collector_settings(database_url=database_url, data_dir=tmp_path)
     with caplog.at_level("WARNING", logger="jobsight.collector"):

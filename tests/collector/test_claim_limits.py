@@ -13,8 +13,8 @@ from typing import Any
 import psycopg
 import pytest
 
-from jobsight.collector.ingest_body import ClaimBounds, decode_body
-from jobsight.collector.settings import SettingsError, load_collector_settings
+from jobsight.collector.config.settings import SettingsError, load_collector_settings
+from jobsight.collector.ingest.body import ClaimBounds, decode_body
 from jobsight.protocol.wire import WireError, decode_batch, now_us
 from tests.collector.helpers import gz, post
 

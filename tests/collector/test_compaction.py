@@ -24,9 +24,14 @@ import pytest
 from psycopg.rows import dict_row
 
 from jobsight.cli import main as cli_main
-from jobsight.collector import audit_queries, compaction, host_tier, migrate, queries, summaries
-from jobsight.collector.embedded_db import EmbeddedPostgres
-from jobsight.collector.partitions import PartitionKeeper, partition_name
+from jobsight.collector.jobs import summaries
+from jobsight.collector.query import audit as audit_queries
+from jobsight.collector.query import series as queries
+from jobsight.collector.query.jobs import list_jobs
+from jobsight.collector.store import migrate
+from jobsight.collector.store.embedded_db import EmbeddedPostgres
+from jobsight.collector.store.partitions import PartitionKeeper, partition_name
+from jobsight.collector.tiers import compaction, host_tier
 from jobsight.commands.report import format_report
 from tests.collector.helpers import gz, post
 from tests.conftest import create_database
@@ -163,7 +168,7 @@ def snapshot(conn: psycopg.Connection[Any], client: Any, job: str) -> dict[str, 
         "stored_summary": answer["summary"],
         "report": format_report(row, answer).replace(job, "JOB"),
         "recent": Counter(tuple(r.values()) for r in queries.recent_gpu_samples(conn, CLUSTER, job, limit=RECENT)),
-        "jobs": [r for r in queries.list_jobs(conn, cluster=CLUSTER, limit=1000)[0] if r["job_id"] == job],
+        "jobs": [r for r in list_jobs(conn, cluster=CLUSTER, limit=1000)[0] if r["job_id"] == job],
         "audit_rows": [r for r in audit_queries.underused_allocations(conn, *period, below_percent=101, now=now)
                        if r["job_id"] == job],
         "audit": {
@@ -214,7 +219,7 @@ def tier_client(tier_url: str, data_dir: Path, admin_token: str, monkeypatch: py
     from fastapi.testclient import TestClient
 
     from jobsight.collector.app import create_app
-    from jobsight.collector.settings import load_collector_settings
+    from jobsight.collector.config.settings import load_collector_settings
 
     monkeypatch.setenv("JOBSIGHT_COMPACT_INTERVAL_S", "0")  # passes run when the test says
     with TestClient(create_app(load_collector_settings(database_url=tier_url, data_dir=data_dir))) as client:
@@ -309,7 +314,7 @@ def test_one_pass_at_a_time(tier_url: str) -> None:
 
 def _raw_samples(conn: psycopg.Connection[Any], job: str, day: dt.date, hours: int = 2) -> None:
     """Rows written around the ingest path, as a bulk load does (with their rollup)."""
-    from jobsight.collector.rollup import rebuild_minutes
+    from jobsight.collector.tiers.rollup import rebuild_minutes
 
     keeper = PartitionKeeper()
     for table in compaction.RAW_TABLES:

@@ -14,8 +14,8 @@ import psycopg
 import pytest
 from psycopg.types.json import Jsonb
 
-from jobsight.collector.alert_messages import compose
-from jobsight.collector.alerts import AlertSender, enqueue
+from jobsight.collector.passes.alert_messages import compose
+from jobsight.collector.passes.alerts import AlertSender, enqueue
 from jobsight.commands.report import format_report
 from jobsight.protocol import links
 from jobsight.protocol.wire import now_us
@@ -45,7 +45,7 @@ def public_client(database_url: str, data_dir: Path, admin_token: str) -> Iterat
     from fastapi.testclient import TestClient
 
     from jobsight.collector.app import create_app
-    from jobsight.collector.settings import load_collector_settings
+    from jobsight.collector.config.settings import load_collector_settings
 
     settings = load_collector_settings(database_url=database_url, data_dir=data_dir, dashboard_url=PUBLIC)
     with TestClient(create_app(settings)) as test_client:

@@ -16,7 +16,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from jobsight.collector import citus
+from jobsight.collector.store import citus
 
 DISTRIBUTION_COLUMN = "job_id"
 
@@ -24,7 +24,7 @@ DISTRIBUTION_COLUMN = "job_id"
 KEY_EXCEPTIONS: dict[str, str] = {}
 
 # Tables without a job_id column, each with how it is placed on Citus: the lists that
-# ``jobsight migrate --citus`` places them by (collector/citus.py), so a new table must be named there.
+# ``jobsight migrate --citus`` places them by (collector/store/citus.py), so a new table must be named there.
 NOT_BY_JOB: dict[str, str] = {
     **{table: f"distributed by {column}" for table, column in citus.BY_SOURCE.items()},
     **{table: f"a reference table: {why}" for table, why in citus.REFERENCE_TABLES.items()},
@@ -114,7 +114,7 @@ def test_every_table_is_placed(database_url: str) -> None:
     """A table without job_id must say how it is distributed (README "Scale" names them)."""
     with psycopg.connect(database_url) as conn:
         unplaced = all_tables(conn) - tables_with_column(conn, DISTRIBUTION_COLUMN) - set(NOT_BY_JOB)
-    assert unplaced == set(), f"tables without {DISTRIBUTION_COLUMN}: place them in jobsight.collector.citus"
+    assert unplaced == set(), f"tables without {DISTRIBUTION_COLUMN}: place them in jobsight.collector.store.citus"
 
 
 @pytest.mark.parametrize(

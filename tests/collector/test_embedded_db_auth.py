@@ -18,8 +18,8 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from jobsight.collector import migrate
-from jobsight.collector.embedded_db import EmbeddedPostgres, free_port
+from jobsight.collector.store import migrate
+from jobsight.collector.store.embedded_db import EmbeddedPostgres, free_port
 from tests.collector.test_up import Up, _gpu_batch, _request
 from tests.conftest import create_database
 

@@ -14,8 +14,8 @@ import pytest
 from psycopg.rows import dict_row
 
 from jobsight.agent.node.gpu_reading import GpuReading
-from jobsight.collector import audit_queries
-from jobsight.collector.energy_so_far import energy_so_far_kwh
+from jobsight.collector.query import audit as audit_queries
+from jobsight.collector.query.energy_so_far import energy_so_far_kwh
 from jobsight.protocol.wire import now_us
 from tests.collector import energy_scenario as sc
 

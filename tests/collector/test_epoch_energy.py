@@ -14,10 +14,12 @@ import pytest
 from psycopg.rows import dict_row
 
 from jobsight.agent.node.gpu_reading import GpuReading
-from jobsight.collector import compaction, epoch_steps, migrate
-from jobsight.collector.embedded_db import EmbeddedPostgres
-from jobsight.collector.epoch_energy import BOTH, COUNTER, POWER_INTEGRAL
-from jobsight.collector.partitions import PartitionKeeper
+from jobsight.collector.query import epoch_steps
+from jobsight.collector.query.epoch_energy import BOTH, COUNTER, POWER_INTEGRAL
+from jobsight.collector.store import migrate
+from jobsight.collector.store.embedded_db import EmbeddedPostgres
+from jobsight.collector.store.partitions import PartitionKeeper
+from jobsight.collector.tiers import compaction
 from jobsight.protocol.wire import now_us
 from tests.collector import energy_scenario as sc
 from tests.conftest import create_database
@@ -172,7 +174,7 @@ def test_epochs_read_the_same_from_the_packed_tier(
     from fastapi.testclient import TestClient
 
     from jobsight.collector.app import create_app
-    from jobsight.collector.settings import load_collector_settings
+    from jobsight.collector.config.settings import load_collector_settings
 
     monkeypatch.setenv("JOBSIGHT_COMPACT_INTERVAL_S", "0")  # the pass runs when the test says
     t0 = _t0() - 2 * 24 * 60 * MINUTE  # two days ago: a closed day the pass packs

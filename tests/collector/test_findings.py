@@ -17,8 +17,8 @@ import pytest
 from psycopg.rows import dict_row
 
 from jobsight.agent.node.nvml import NvmlSampler
-from jobsight.collector.findings import HealthEvaluator
-from jobsight.collector.health_settings import load_health_settings
+from jobsight.collector.config.health import load_health_settings
+from jobsight.collector.passes.findings import HealthEvaluator
 from jobsight.commands.report import format_report
 from tests.collector.helpers import gz, post
 

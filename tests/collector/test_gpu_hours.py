@@ -17,12 +17,15 @@ import psycopg
 import pytest
 from psycopg.rows import dict_row
 
-from jobsight.collector import compaction, ingest, migrate, queries
-from jobsight.collector.embedded_db import EmbeddedPostgres
-from jobsight.collector.ingest_body import decode_body
-from jobsight.collector.partitions import PartitionKeeper, partition_name
-from jobsight.collector.rollup import hourly, merged, rebuild_minutes, upsert_hours, upsert_minutes
-from jobsight.collector.timestamps import ts_from_us
+from jobsight.collector.ingest import write as ingest
+from jobsight.collector.ingest.body import decode_body
+from jobsight.collector.query import series as queries
+from jobsight.collector.store import migrate
+from jobsight.collector.store.embedded_db import EmbeddedPostgres
+from jobsight.collector.store.partitions import PartitionKeeper, partition_name
+from jobsight.collector.store.timestamps import ts_from_us
+from jobsight.collector.tiers import compaction
+from jobsight.collector.tiers.rollup import hourly, merged, rebuild_minutes, upsert_hours, upsert_minutes
 from jobsight.protocol.wire import now_us
 from tests.collector.helpers import gz, post
 from tests.conftest import create_database

@@ -32,7 +32,7 @@ class HeldWriter:
     :meth:`release`."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        from jobsight.collector import ingest
+        from jobsight.collector.ingest import write as ingest
 
         self._store_group = ingest.store_group
         self.sizes: list[int] = []
@@ -64,7 +64,7 @@ def collector(database_url: str, data_dir: Path, admin_token: str, **settings: A
     from fastapi.testclient import TestClient
 
     from jobsight.collector.app import create_app
-    from jobsight.collector.settings import load_collector_settings
+    from jobsight.collector.config.settings import load_collector_settings
 
     app = create_app(load_collector_settings(database_url=database_url, data_dir=data_dir, **settings))
     with TestClient(app, raise_server_exceptions=False) as client:
@@ -242,7 +242,7 @@ def test_a_lone_batch_does_not_wait_for_a_group(
 
 
 def test_group_commit_settings_are_validated() -> None:
-    from jobsight.collector.settings import SettingsError, load_collector_settings
+    from jobsight.collector.config.settings import SettingsError, load_collector_settings
 
     settings = load_collector_settings(group_commit_wait_ms=2, group_commit_writers=1, last_seen_flush_s=1)
     assert (settings.group_commit_wait_ms, settings.group_commit_writers, settings.last_seen_flush_s) == (2, 1, 1)

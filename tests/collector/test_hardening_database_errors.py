@@ -13,7 +13,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from jobsight.collector.deps import Pool
+from jobsight.collector.api.deps import Pool
 from jobsight.protocol.wire import now_us
 from tests.collector.helpers import gz, post
 
@@ -25,8 +25,8 @@ def app_with_probes(database_url: str, data_dir: Path, admin_token: str) -> Iter
     from fastapi.testclient import TestClient
 
     from jobsight.collector.app import create_app
-    from jobsight.collector.db import unit_of_work
-    from jobsight.collector.settings import load_collector_settings
+    from jobsight.collector.config.settings import load_collector_settings
+    from jobsight.collector.store.db import unit_of_work
 
     app = create_app(load_collector_settings(database_url=database_url, data_dir=data_dir))
 
@@ -94,7 +94,7 @@ def test_a_batch_the_database_refuses_is_422_and_stores_nothing(
 def test_ensure_cluster_secret_creates_a_private_secret_once(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from jobsight.collector.auth import ensure_cluster_secret, load_cluster_secret
+    from jobsight.collector.api.auth import ensure_cluster_secret, load_cluster_secret
 
     path = tmp_path / "new" / "dir" / "cluster_secret"
     with caplog.at_level(logging.DEBUG, logger="jobsight"):
@@ -116,9 +116,9 @@ def test_a_collector_started_with_an_ensured_secret_accepts_job_tokens(
 ) -> None:
     from fastapi.testclient import TestClient
 
+    from jobsight.collector.api.auth import ensure_cluster_secret
     from jobsight.collector.app import create_app
-    from jobsight.collector.auth import ensure_cluster_secret
-    from jobsight.collector.settings import load_collector_settings
+    from jobsight.collector.config.settings import load_collector_settings
     from jobsight.protocol.tokens import mint_job_token
 
     secret_file = tmp_path / "cluster_secret"

@@ -49,7 +49,7 @@ def small_client(database_url: str, data_dir: Path, admin_token: str) -> Iterato
     from fastapi.testclient import TestClient
 
     from jobsight.collector.app import create_app
-    from jobsight.collector.settings import load_collector_settings
+    from jobsight.collector.config.settings import load_collector_settings
 
     settings = load_collector_settings(
         database_url=database_url, data_dir=data_dir, max_body_bytes=4096, max_decompressed_bytes=65536

@@ -20,7 +20,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from jobsight.collector.routes.ingest import ingest_context
+from jobsight.collector.api.routes.ingest import ingest_context
 from jobsight.commands.agent import DAEMON_BATCH_AGE_S
 from jobsight.protocol.wire import encode_batch, now_us
 from tests.collector.helpers import gz, next_seq, post
@@ -56,7 +56,7 @@ class HeldDecodes:
     counting how many decodes are inside it at once."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        from jobsight.collector import ingest
+        from jobsight.collector.ingest import write as ingest
 
         self._prepare = ingest.prepare
         self._lock = threading.Lock()
@@ -110,7 +110,7 @@ def two_slot_client(database_url: str, data_dir: Path, admin_token: str) -> Iter
     from fastapi.testclient import TestClient
 
     from jobsight.collector.app import create_app
-    from jobsight.collector.settings import load_collector_settings
+    from jobsight.collector.config.settings import load_collector_settings
 
     settings = load_collector_settings(database_url=database_url, data_dir=data_dir, max_concurrent_decodes=2)
     with TestClient(create_app(settings)) as test_client:
@@ -141,7 +141,7 @@ def test_at_most_max_concurrent_decodes_run_at_once(
 
 
 def test_max_concurrent_decodes_is_validated() -> None:
-    from jobsight.collector.settings import SettingsError, load_collector_settings
+    from jobsight.collector.config.settings import SettingsError, load_collector_settings
 
     assert load_collector_settings(max_concurrent_decodes=8).max_concurrent_decodes == 8
     with pytest.raises(SettingsError, match="JOBSIGHT_MAX_CONCURRENT_DECODES"):

@@ -46,7 +46,7 @@ def _insert_profile(db: psycopg.Connection[Any], job: str, *, trace: bytes | Non
 def test_a_trace_inflating_past_the_cap_is_422_and_still_downloads_as_stored(
     client: Any, db: psycopg.Connection[Any], job_id: str
 ) -> None:
-    from jobsight.collector.traces import MAX_TRACE_JSON_BYTES
+    from jobsight.collector.query.traces import MAX_TRACE_JSON_BYTES
 
     bomb = _bomb(MAX_TRACE_JSON_BYTES // MiB + 8)
     assert len(bomb) < MiB

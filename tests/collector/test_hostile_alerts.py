@@ -38,7 +38,9 @@ import pytest
 from markdown_it import MarkdownIt
 from psycopg.rows import dict_row
 
-from jobsight.collector.alert_messages import (
+from jobsight.collector.config.alerts import AlertSettings
+from jobsight.collector.config.health import load_health_settings
+from jobsight.collector.passes.alert_messages import (
     HTML,
     MARKDOWN,
     SLACK,
@@ -49,10 +51,8 @@ from jobsight.collector.alert_messages import (
     message,
     slack_escape,
 )
-from jobsight.collector.alert_settings import AlertSettings
-from jobsight.collector.alerts import AlertSender, enqueue
-from jobsight.collector.findings import HealthEvaluator
-from jobsight.collector.health_settings import load_health_settings
+from jobsight.collector.passes.alerts import AlertSender, enqueue
+from jobsight.collector.passes.findings import HealthEvaluator
 from jobsight.protocol import links
 from tests.collector.helpers import gz, post
 from tests.collector.test_alerts import Receiver, receiver, settings_with, sink_name  # noqa: F401 (the fixture)

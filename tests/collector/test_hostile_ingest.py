@@ -17,7 +17,7 @@ import psycopg
 import psycopg.rows
 import pytest
 
-from jobsight.collector import ingest
+from jobsight.collector.ingest import write as ingest
 from jobsight.protocol.tokens import mint_job_token, mint_node_token
 from jobsight.protocol.wire import decode_batch, encode_batch, now_us
 from tests.collector.helpers import SECRET, next_seq, post

@@ -140,7 +140,7 @@ def test_body_over_limit_is_413_before_and_after_decompression(
     from fastapi.testclient import TestClient
 
     from jobsight.collector.app import create_app
-    from jobsight.collector.settings import load_collector_settings
+    from jobsight.collector.config.settings import load_collector_settings
 
     settings = load_collector_settings(
         database_url=database_url, data_dir=data_dir, max_body_bytes=4096, max_decompressed_bytes=65536

@@ -23,7 +23,7 @@ def collector(database_url: str, data_dir: Path, admin_token: str, **settings: A
     from fastapi.testclient import TestClient
 
     from jobsight.collector.app import create_app
-    from jobsight.collector.settings import load_collector_settings
+    from jobsight.collector.config.settings import load_collector_settings
 
     with TestClient(create_app(load_collector_settings(database_url=database_url, data_dir=data_dir,
                                                        **settings))) as client:
@@ -83,7 +83,7 @@ def test_a_job_row_removed_behind_the_collectors_back_comes_back_with_its_prolog
 
 
 def test_jobs_seen_decides_which_rows_to_write() -> None:
-    from jobsight.collector.jobs_seen import JobsSeen
+    from jobsight.collector.jobs.jobs_seen import JobsSeen
 
     seen = JobsSeen()
     key, other = ("c", "j1"), ("c", "j2")
@@ -103,8 +103,8 @@ def test_jobs_seen_decides_which_rows_to_write() -> None:
 
 
 def test_merged_rollups_add_up_without_changing_either_batch() -> None:
-    from jobsight.collector.rollup import MinuteRollup, merged
-    from jobsight.collector.schema import gpu_samples
+    from jobsight.collector.store.schema import gpu_samples
+    from jobsight.collector.tiers.rollup import MinuteRollup, merged
 
     names = [column.name for column in gpu_samples.columns]
 

@@ -1,4 +1,4 @@
-"""A requeued job's runs (collector/job_runs.py): each run apart, GPU-hours over all of them."""
+"""A requeued job's runs (collector/jobs/job_runs.py): each run apart, GPU-hours over all of them."""
 
 from __future__ import annotations
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from jobsight.collector.embedded_db import free_port
+from jobsight.collector.store.embedded_db import free_port
 from jobsight.protocol.wire import now_us
 from tests.collector.helpers import gz
 

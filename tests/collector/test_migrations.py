@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import psycopg
 
-from jobsight.collector import migrate
+from jobsight.collector.store import migrate
 
 
 def _tables(url: str) -> set[str]:
@@ -69,7 +69,7 @@ def test_upgrade_keeps_rows_in_existing_partitions(empty_database_url: str) -> N
 
 
 def test_ledger_rows_from_before_senders_match_any_sender_and_go_back_down(empty_database_url: str) -> None:
-    """0011 keys the ledger by sender; rows it finds get ``*`` (any sender: collector/ingest.py), and
+    """0011 keys the ledger by sender; rows it finds get ``*`` (any sender: collector/ingest/write.py), and
     its downgrade keeps one row per batch id."""
     migrate.upgrade(empty_database_url, "0010")
     with psycopg.connect(empty_database_url, autocommit=True) as conn:

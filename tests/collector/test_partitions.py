@@ -8,8 +8,8 @@ from typing import Any
 import psycopg
 from psycopg.rows import dict_row
 
-from jobsight.collector import migrate
-from jobsight.collector.partitions import PartitionKeeper, partition_name
+from jobsight.collector.store import migrate
+from jobsight.collector.store.partitions import PartitionKeeper, partition_name
 
 
 def _partitions(conn: psycopg.Connection[Any], table: str) -> set[str]:

@@ -19,14 +19,15 @@ import psycopg
 import pytest
 from psycopg.rows import dict_row
 
-from jobsight.collector import ingest, migrate
-from jobsight.collector.embedded_db import EmbeddedPostgres
-from jobsight.collector.ingest_body import decode_body
-from jobsight.collector.partitions import PartitionKeeper
-from jobsight.collector.reconcile import JobReconciler, Reconciler
-from jobsight.collector.reconcile_settings import load_reconcile_settings
-from jobsight.collector.settings import SettingsError
-from jobsight.collector.slurm_jobs import parse_sacct, parse_squeue
+from jobsight.collector.config.reconcile import load_reconcile_settings
+from jobsight.collector.config.settings import SettingsError
+from jobsight.collector.ingest import write as ingest
+from jobsight.collector.ingest.body import decode_body
+from jobsight.collector.passes.reconcile import JobReconciler, Reconciler
+from jobsight.collector.passes.slurm_jobs import parse_sacct, parse_squeue
+from jobsight.collector.store import migrate
+from jobsight.collector.store.embedded_db import EmbeddedPostgres
+from jobsight.collector.store.partitions import PartitionKeeper
 from jobsight.protocol.wire import now_us
 from tests.collector.helpers import gz
 from tests.conftest import LiveCollector, create_database

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from jobsight.collector.settings import SettingsError, load_collector_settings
+from jobsight.collector.config.settings import SettingsError, load_collector_settings
 
 
 def test_toml_then_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -19,9 +19,11 @@ import psycopg
 import pytest
 from psycopg.rows import dict_row
 
-from jobsight.collector import migrate, queries, step_rollup
-from jobsight.collector.partitions import PartitionKeeper
-from jobsight.collector.timestamps import MINUTE_US, ts_from_us
+from jobsight.collector.query import series as queries
+from jobsight.collector.store import migrate
+from jobsight.collector.store.partitions import PartitionKeeper
+from jobsight.collector.store.timestamps import MINUTE_US, ts_from_us
+from jobsight.collector.tiers import step_rollup
 from jobsight.protocol.wire import now_us
 from tests.collector.helpers import gz, post
 
@@ -35,7 +37,7 @@ def collector(database_url: str, data_dir: Path, admin_token: str, **settings: A
     from fastapi.testclient import TestClient
 
     from jobsight.collector.app import create_app
-    from jobsight.collector.settings import load_collector_settings
+    from jobsight.collector.config.settings import load_collector_settings
 
     app = create_app(load_collector_settings(database_url=database_url, data_dir=data_dir, **settings))
     with TestClient(app) as client:
@@ -281,7 +283,7 @@ def test_epochs_seen_decides_which_starts_to_write() -> None:
 
 
 def test_merged_rollups_add_up_without_changing_either_batch() -> None:
-    from jobsight.collector.schema import steps
+    from jobsight.collector.store.schema import steps
 
     names = [column.name for column in steps.columns]
 

@@ -124,7 +124,7 @@ def test_rollup_and_samples_give_the_same_summary(client: Any, job_id: str, data
     import psycopg
     from psycopg.rows import dict_row
 
-    from jobsight.collector.summaries import compute_summary
+    from jobsight.collector.jobs.summaries import compute_summary
 
     t0 = now_us() - 7200 * S
     records = _known_job(job_id, t0)

@@ -13,11 +13,14 @@ import psycopg
 import pytest
 from psycopg.rows import dict_row
 
-from jobsight.collector import compaction, migrate, queries, schema, tiers
-from jobsight.collector.embedded_db import EmbeddedPostgres
-from jobsight.collector.packed_format import DEVICE_COLUMNS, ENCODINGS
-from jobsight.collector.partitions import PartitionKeeper
-from jobsight.collector.rollup import rebuild_minutes
+from jobsight.collector.query import series as queries
+from jobsight.collector.store import migrate, schema
+from jobsight.collector.store.embedded_db import EmbeddedPostgres
+from jobsight.collector.store.partitions import PartitionKeeper
+from jobsight.collector.tiers import compaction
+from jobsight.collector.tiers import reads as tiers
+from jobsight.collector.tiers.packed_format import DEVICE_COLUMNS, ENCODINGS
+from jobsight.collector.tiers.rollup import rebuild_minutes
 from tests.conftest import create_database
 
 CLUSTER = "default"

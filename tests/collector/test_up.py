@@ -16,8 +16,8 @@ from typing import Any
 import psycopg
 import pytest
 
-from jobsight.collector import migrate
-from jobsight.collector.embedded_db import EmbeddedPostgres, free_port
+from jobsight.collector.store import migrate
+from jobsight.collector.store.embedded_db import EmbeddedPostgres, free_port
 from jobsight.protocol.wire import now_us
 from tests.collector.helpers import gz
 from tests.conftest import REPO, LiveCollector

@@ -13,8 +13,9 @@ import psycopg
 import pytest
 from psycopg.rows import dict_row
 
-from jobsight.collector import audit_queries, migrate
-from jobsight.collector.settings import SettingsError
+from jobsight.collector.config.settings import SettingsError
+from jobsight.collector.query import audit as audit_queries
+from jobsight.collector.store import migrate
 from jobsight.commands.dashboard import streamlit_argv
 from jobsight.commands.demo_history import SOURCE, plan, write_history
 from jobsight.commands.demo_settings import load_demo_settings

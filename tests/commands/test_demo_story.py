@@ -15,9 +15,9 @@ import pytest
 from psycopg.rows import dict_row
 
 from jobsight.agent.settings import AgentSettings
-from jobsight.collector import migrate
-from jobsight.collector.findings import HealthEvaluator
-from jobsight.collector.health_settings import load_health_settings
+from jobsight.collector.config.health import load_health_settings
+from jobsight.collector.passes.findings import HealthEvaluator
+from jobsight.collector.store import migrate
 from jobsight.commands.demo_cluster import SimulatedCluster
 from jobsight.commands.demo_settings import load_demo_settings
 from jobsight.commands.demo_story import CLUSTER, NODES, RANKS, SLOW_RANK, SimulatedRun, Timings

@@ -25,10 +25,10 @@ from typing import Any
 import psycopg
 from psycopg.types.json import Jsonb
 
-from jobsight.collector.partitions import PartitionKeeper
-from jobsight.collector.rollup import rebuild_minutes
-from jobsight.collector.schema import PARTITIONED_TABLES
-from jobsight.collector.step_rollup import rebuild as rebuild_steps
+from jobsight.collector.store.partitions import PartitionKeeper
+from jobsight.collector.store.schema import PARTITIONED_TABLES
+from jobsight.collector.tiers.rollup import rebuild_minutes
+from jobsight.collector.tiers.step_rollup import rebuild as rebuild_steps
 
 UTC = dt.UTC
 PERIOD = (dt.date(2024, 3, 4), dt.date(2024, 3, 5))

@@ -23,7 +23,8 @@ import pytest
 from psycopg.rows import dict_row
 from streamlit.testing.v1 import AppTest
 
-from jobsight.collector import queries
+from jobsight.collector.query import series as queries
+from jobsight.collector.query.time_range import TimeRange
 from jobsight.dashboard import charts
 from jobsight.dashboard.data import (
     RAW_ROWS_MAX,
@@ -102,11 +103,11 @@ def test_a_budget_just_under_the_rollup_s_minute_reads_the_rollup(conn: Any, big
     """15 buckets over 30 minutes are about two minutes wide, a second either side of the rollup's
     threshold: the page takes 14 rather than scan every sample."""
     start = dt.datetime(2024, 3, 4, 12, 0, 0, tzinfo=dt.UTC)
-    window = queries.TimeRange(start, start + dt.timedelta(seconds=1799))
+    window = TimeRange(start, start + dt.timedelta(seconds=1799))
     assert window.bucket_seconds(15) < queries.ROLLUP_MIN_BUCKET_S
     assert rollup_points(window, 15) == 14
     assert rollup_points(window, 125) == 125  # a rollup half as fine: not worth it
-    assert rollup_points(queries.TimeRange(start, start + dt.timedelta(hours=1)), 10) == 10  # already
+    assert rollup_points(TimeRange(start, start + dt.timedelta(hours=1)), 10) == 10  # already
 
     rows = read_gpu_grid(conn, big_job.cluster, big_job.job_id, big_job.gpus * 15, 600)
     per_gpu = Counter((r["node"], r["gpu_index"]) for r in rows)

@@ -2,7 +2,7 @@
 page's banner (evidence, a link to the moment, the history), the jobs list's health column, and the
 admins' Attention page.
 
-The findings are rows written with SQL, as ``collector/findings.py`` stores them, on a cluster of
+The findings are rows written with SQL, as ``collector/passes/findings.py`` stores them, on a cluster of
 their own (so the seeded cluster's figures do not change):
 
 | job     | user  | state     | findings                                                         |
@@ -31,10 +31,10 @@ from psycopg.types.json import Jsonb
 from streamlit import dataframe_util
 from streamlit.testing.v1 import AppTest
 
-from jobsight.collector.partitions import PartitionKeeper
-from jobsight.collector.rollup import rebuild_minutes
-from jobsight.collector.schema import PARTITIONED_TABLES
-from jobsight.collector.step_rollup import rebuild as rebuild_steps
+from jobsight.collector.store.partitions import PartitionKeeper
+from jobsight.collector.store.schema import PARTITIONED_TABLES
+from jobsight.collector.tiers.rollup import rebuild_minutes
+from jobsight.collector.tiers.step_rollup import rebuild as rebuild_steps
 from tests.dashboard.conftest import texts
 from tests.dashboard.seed import Seed
 

@@ -21,8 +21,8 @@ from markdown_it import MarkdownIt
 from psycopg.types.json import Jsonb
 from streamlit.testing.v1 import AppTest
 
-from jobsight.collector.partitions import PartitionKeeper
-from jobsight.collector.schema import PARTITIONED_TABLES
+from jobsight.collector.store.partitions import PartitionKeeper
+from jobsight.collector.store.schema import PARTITIONED_TABLES
 from jobsight.dashboard.markup import plain
 from tests.dashboard.seed import Seed
 

@@ -8,21 +8,22 @@ import datetime as dt
 
 import pytest
 
-from jobsight.collector import queries
+from jobsight.collector.query import series as queries
+from jobsight.collector.query.time_range import TimeRange
 from jobsight.dashboard.data import rollup_points
 
 START = dt.datetime(2026, 3, 2, 6, 41, 17, tzinfo=dt.UTC)
 """A job's first sample, off the hour: the query's buckets start at 06:00."""
 
 
-def _hours_wide(window: queries.TimeRange, points: int) -> float:
+def _hours_wide(window: TimeRange, points: int) -> float:
     """The width, in hours, of the buckets the hour rollup's statement would use."""
     return window.from_hour().bucket_seconds(points) / 3600
 
 
 def test_a_multi_day_job_takes_two_hour_buckets() -> None:
     """9 days, 64 GPUs: the heatmap's 125 buckets a GPU are 1.7 hours wide; 108 are 2 hours."""
-    window = queries.TimeRange(START, START + dt.timedelta(days=9))
+    window = TimeRange(START, START + dt.timedelta(days=9))
     assert 1 < _hours_wide(window, 125) < 2
     points = rollup_points(window, 125)
     assert points == 108 and _hours_wide(window, points) >= 2
@@ -33,10 +34,10 @@ def test_a_multi_day_job_takes_two_hour_buckets() -> None:
 def test_widths_are_worked_out_from_the_first_hour() -> None:
     """200 hours from 06:00 (the hour of the first sample, 06:41): 100 points are 2 hours wide
     from there, though the samples themselves span less."""
-    window = queries.TimeRange(START, START.replace(minute=0, second=0) + dt.timedelta(hours=200, microseconds=-1))
+    window = TimeRange(START, START.replace(minute=0, second=0) + dt.timedelta(hours=200, microseconds=-1))
     assert window.bucket_seconds(100) < queries.HOUR_ROLLUP_MIN_BUCKET_S
     assert rollup_points(window, 100) == 100
-    assert rollup_points(queries.TimeRange(START, window.end + dt.timedelta(hours=1)), 101) == 100
+    assert rollup_points(TimeRange(START, window.end + dt.timedelta(hours=1)), 101) == 100
 
 
 @pytest.mark.parametrize(("span", "points"), [
@@ -45,13 +46,13 @@ def test_widths_are_worked_out_from_the_first_hour() -> None:
     (dt.timedelta(hours=90), 100),  # 0.9 hours: two-hour buckets would take fewer than half the points
 ])
 def test_budgets_away_from_the_hour_threshold_are_kept(span: dt.timedelta, points: int) -> None:
-    assert rollup_points(queries.TimeRange(START, START + span), points) == points
+    assert rollup_points(TimeRange(START, START + span), points) == points
 
 
 def test_the_minute_snapping_is_unchanged() -> None:
     """15 buckets over 30 minutes, a second under two minutes each: 14 read the minutes."""
     start = dt.datetime(2024, 3, 4, 12, 0, 0, tzinfo=dt.UTC)
-    window = queries.TimeRange(start, start + dt.timedelta(seconds=1799))
+    window = TimeRange(start, start + dt.timedelta(seconds=1799))
     assert rollup_points(window, 15) == 14
     assert rollup_points(window, 125) == 125
 
@@ -59,6 +60,6 @@ def test_the_minute_snapping_is_unchanged() -> None:
 def test_a_start_in_a_half_hour_zone_is_cut_at_the_utc_hour() -> None:
     """Times in a session zone half an hour off UTC: the hour is UTC's, as the rollup's rows."""
     kolkata = dt.timezone(dt.timedelta(hours=5, minutes=30))
-    window = queries.TimeRange(START.astimezone(kolkata), START.astimezone(kolkata) + dt.timedelta(days=9))
+    window = TimeRange(START.astimezone(kolkata), START.astimezone(kolkata) + dt.timedelta(days=9))
     assert window.from_hour().start == START.replace(minute=0, second=0)
     assert rollup_points(window, 125) == 108

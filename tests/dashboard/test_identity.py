@@ -9,7 +9,7 @@ import pytest
 from streamlit import config
 from streamlit.testing.v1 import AppTest
 
-from jobsight.collector.settings import SettingsError
+from jobsight.collector.config.settings import SettingsError
 from jobsight.dashboard.identity import Refusal, Viewer, resolve_viewer
 from jobsight.dashboard.proxy_trust import bind_problem, is_loopback, peer_is_trusted, trusted_networks
 from jobsight.dashboard.settings import DashboardSettings, load_dashboard_settings

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from jobsight.collector.settings import SettingsError
+from jobsight.collector.config.settings import SettingsError
 from jobsight.dashboard.identity import Refusal, Viewer, resolve_viewer
 from jobsight.dashboard.settings import DashboardSettings, load_dashboard_settings
 from tests.dashboard.conftest import APP, texts

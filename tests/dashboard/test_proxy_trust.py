@@ -26,7 +26,7 @@ from urllib.parse import urlencode
 
 import pytest
 
-from jobsight.collector.embedded_db import free_port
+from jobsight.collector.store.embedded_db import free_port
 from tests.conftest import REPO
 from tests.dashboard.seed import Seed
 from tests.dashboard.test_browser import headless_chromium

@@ -16,10 +16,11 @@ import psycopg
 import pytest
 from psycopg.rows import dict_row
 
-from jobsight.collector import migrate, queries
-from jobsight.collector.embedded_db import EmbeddedPostgres
-from jobsight.collector.partitions import PartitionKeeper
-from jobsight.collector.rollup import rebuild_minutes
+from jobsight.collector.query import series as queries
+from jobsight.collector.store import migrate
+from jobsight.collector.store.embedded_db import EmbeddedPostgres
+from jobsight.collector.store.partitions import PartitionKeeper
+from jobsight.collector.tiers.rollup import rebuild_minutes
 from tests.conftest import create_database
 
 GPUS, NODES = 64, 8

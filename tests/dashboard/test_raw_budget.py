@@ -6,7 +6,8 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
-from jobsight.collector import queries
+from jobsight.collector.query import series as queries
+from jobsight.collector.query.time_range import TimeRange
 from jobsight.dashboard.data import GPU_ROLLUP, MIN_ROLLUP_POINTS, RAW_ROWS_MAX, STEP_ROLLUP, raw_budget_points
 
 START = dt.datetime(2026, 3, 2, 6, 41, 0, tzinfo=dt.UTC)
@@ -18,7 +19,7 @@ def _probe(series: int, count: str, per_series: int) -> list[dict[str, Any]]:
 
 
 def test_a_64_gpu_half_hour_reads_the_minutes() -> None:
-    window = queries.TimeRange(START, START + dt.timedelta(minutes=30))
+    window = TimeRange(START, START + dt.timedelta(minutes=30))
     assert 64 * 1800 > RAW_ROWS_MAX
     points = raw_budget_points(window, 125, _probe(64, "samples", 120), GPU_ROLLUP)
     assert points == 15 and window.from_minute().bucket_seconds(points) >= queries.ROLLUP_MIN_BUCKET_S
@@ -27,19 +28,19 @@ def test_a_64_gpu_half_hour_reads_the_minutes() -> None:
 
 
 def test_few_raw_rows_keep_the_budget() -> None:
-    window = queries.TimeRange(START, START + dt.timedelta(minutes=30))
+    window = TimeRange(START, START + dt.timedelta(minutes=30))
     assert raw_budget_points(window, 600, _probe(2, "samples", 120), GPU_ROLLUP) == 600  # 3,600 samples
     # A rank stepping once a minute: 64 ranks x 30 steps.
     assert raw_budget_points(window, 125, _probe(64, "steps", 2), STEP_ROLLUP) == 125
 
 
 def test_a_fresh_job_is_read_raw_rather_than_in_a_bucket_or_two() -> None:
-    window = queries.TimeRange(START, START + dt.timedelta(minutes=4))
+    window = TimeRange(START, START + dt.timedelta(minutes=4))
     fitted = int(240 // queries.ROLLUP_MIN_BUCKET_S)
     assert fitted < MIN_ROLLUP_POINTS
     assert raw_budget_points(window, 15, _probe(512, "samples", 120), GPU_ROLLUP) == 15
 
 
 def test_buckets_already_on_the_rollup_are_left_alone() -> None:
-    window = queries.TimeRange(START, START + dt.timedelta(days=1))
+    window = TimeRange(START, START + dt.timedelta(days=1))
     assert raw_budget_points(window, 125, _probe(64, "samples", 120), GPU_ROLLUP) == 125

@@ -34,10 +34,11 @@ import psycopg
 import pytest
 from psycopg.rows import dict_row
 
-from jobsight.collector import queries, sampling
-from jobsight.collector.partitions import PartitionKeeper
-from jobsight.collector.rollup import rebuild_minutes
-from jobsight.collector.schema import PARTITIONED_TABLES
+from jobsight.collector.query import sampling
+from jobsight.collector.query.time_range import TimeRange
+from jobsight.collector.store.partitions import PartitionKeeper
+from jobsight.collector.store.schema import PARTITIONED_TABLES
+from jobsight.collector.tiers.rollup import rebuild_minutes
 from jobsight.dashboard import charts
 from jobsight.dashboard.data import read_gpu_grid
 from jobsight.dashboard.settings import load_dashboard_settings
@@ -170,7 +171,7 @@ INTERVALS = ["1s", "15s", "30s", "60s"]
 def test_buckets_are_never_narrower_than_the_sampling_interval(conn: psycopg.Connection[Any], sampled: Sampled,
                                                                 name: str) -> None:
     job = sampled.jobs[name]
-    window = queries.TimeRange(job.first, job.last)
+    window = TimeRange(job.first, job.last)
     found = sampling.sampling_interval(conn, sampled.cluster, job.job_id, window)
     assert found is not None and found == pytest.approx(job.interval_s, abs=2 * JITTER_S)
     frame = _page_rows(conn, sampled.cluster, job)

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from jobsight.collector.embedded_db import free_port
+from jobsight.collector.store.embedded_db import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -1,7 +1,7 @@
 """Each record kind's shape is declared once (jobsight.protocol.records); this holds the rest to it.
 
 ``wire.FIELDS`` and ``GpuReading`` are derived from the declaration. The collector's tables
-(collector/schema.py, which the migrations are checked against) cannot be: they are tied to
+(collector/store/schema.py, which the migrations are checked against) cannot be: they are tied to
 it here. A wire field with no column, a column no wire field fills, or a column whose type
 or nullability does not fit its field fails :func:`test_tables_hold_what_the_wire_carries`,
 unless :data:`STORAGE` or :data:`NOT_FROM_RECORDS` names it with the reason; so does an
@@ -21,8 +21,8 @@ from sqlalchemy import ARRAY, BigInteger, Boolean, Column, Float, Integer, Small
 from sqlalchemy.dialects.postgresql import JSONB
 
 from jobsight.agent.node.gpu_reading import GpuReading
-from jobsight.collector import schema
-from jobsight.collector.ingest import _SERIES_TABLES
+from jobsight.collector.ingest.write import _SERIES_TABLES
+from jobsight.collector.store import schema
 from jobsight.protocol import specs, wire
 from jobsight.protocol.records import (
     RECORDS,
@@ -46,7 +46,7 @@ KIND = "picks the table; not stored"
 
 @dataclass(frozen=True)
 class Storage:
-    """Where the collector puts one kind's records (collector/ingest.py)."""
+    """Where the collector puts one kind's records (collector/ingest/write.py)."""
 
     table: str
     renamed: Mapping[str, str] = field(default_factory=lambda: {"job": "job_id"})
@@ -102,27 +102,27 @@ NOT_FROM_RECORDS: dict[str, dict[str, str]] = {
         "cluster": ENVELOPE,
         "first_seen": "the collector's clock when it first heard of the job",
         "last_seen": "the collector's running maximum of the job's record times",
-        "run_start": "the ts of the job_started that began the latest run (collector/job_runs.py)",
+        "run_start": "the ts of the job_started that began the latest run (collector/jobs/job_runs.py)",
     },
 }
 
 # Tables that records do not map onto field by field.
 OTHER_TABLES: dict[str, str] = {
-    "gpu_minutes": "per-minute sums of gpu_samples, rolled up at ingest (collector/rollup.py)",
-    "gpu_hours": "per-hour sums of gpu_minutes, rolled up at ingest (collector/rollup.py)",
-    "gpu_devices": "dictionary of the GPUs named by packed blocks (collector/compaction.py)",
-    "gpu_sample_blocks": "packed tier: one job's samples of one GPU in one hour (collector/packed_format.py)",
-    "gpu_sample_timelines": "packed tier: the sample times blocks share (collector/compaction.py)",
-    "gpu_minute_blocks": "packed tier of gpu_minutes (collector/compaction.py)",
-    "host_sample_blocks": "packed tier of host_samples, a node's samples per hour (collector/host_tier.py)",
-    "step_minutes": "per-minute sums of training steps per rank, rolled up at ingest (collector/step_rollup.py)",
-    "epoch_starts": "first training step of each epoch, kept at ingest (collector/step_rollup.py)",
+    "gpu_minutes": "per-minute sums of gpu_samples, rolled up at ingest (collector/tiers/rollup.py)",
+    "gpu_hours": "per-hour sums of gpu_minutes, rolled up at ingest (collector/tiers/rollup.py)",
+    "gpu_devices": "dictionary of the GPUs named by packed blocks (collector/tiers/compaction.py)",
+    "gpu_sample_blocks": "packed tier: one job's samples of one GPU in one hour (collector/tiers/packed_format.py)",
+    "gpu_sample_timelines": "packed tier: the sample times blocks share (collector/tiers/compaction.py)",
+    "gpu_minute_blocks": "packed tier of gpu_minutes (collector/tiers/compaction.py)",
+    "host_sample_blocks": "packed tier of host_samples, a node's samples per hour (collector/tiers/host_tier.py)",
+    "step_minutes": "per-minute sums of training steps per rank, rolled up at ingest (collector/tiers/step_rollup.py)",
+    "epoch_starts": "first training step of each epoch, kept at ingest (collector/tiers/step_rollup.py)",
     "job_summaries": "computed by the collector when a job ends",
-    "job_runs": "a requeued job's earlier runs, closed when the next starts (collector/job_runs.py)",
+    "job_runs": "a requeued job's earlier runs, closed when the next starts (collector/jobs/job_runs.py)",
     "ingest_batches": "one row per batch envelope (source, seq), for idempotence",
     "profile_requests": "on-demand profile requests made through the API",
-    "findings": "what the health rules noticed about running jobs (collector/findings.py)",
-    "alert_outbox": "alerts to send for findings, written with them (collector/alerts.py)",
+    "findings": "what the health rules noticed about running jobs (collector/passes/findings.py)",
+    "alert_outbox": "alerts to send for findings, written with them (collector/passes/alerts.py)",
 }
 
 # Fields stored in a column of another type: their values are converted on the way in.

@@ -4,7 +4,7 @@
   ``job_id_from_env``) and the task prolog's ``JOBSIGHT_JOB_ID``.
 * On the real test cluster (tests/slurm/test_e2e.py's ``cluster`` fixture: hooks, node daemon on
   the fake NVML, a live collector): an array of 3 tasks is 3 jobs ``N_0``, ``N_1``, ``N_2``, and
-  ``scontrol requeue`` gives 2 runs, kept apart (collector/job_runs.py). A heterogeneous job is not
+  ``scontrol requeue`` gives 2 runs, kept apart (collector/jobs/job_runs.py). A heterogeneous job is not
   run here: on the one-node test cluster its second component never starts (both components pend
   on Resources with the node idle), so only the id derivation is tested.
 """

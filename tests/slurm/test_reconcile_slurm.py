@@ -30,8 +30,8 @@ import psycopg
 import pytest
 from psycopg.rows import dict_row
 
-from jobsight.collector import migrate
-from jobsight.collector.embedded_db import EmbeddedPostgres
+from jobsight.collector.store import migrate
+from jobsight.collector.store.embedded_db import EmbeddedPostgres
 from jobsight.protocol.wire import encode_batch
 from tests.conftest import REPO, LiveCollector, create_database
 

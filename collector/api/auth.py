@@ -1,0 +1,290 @@
+"""Who may write and read. One check for every request.
+
+Three kinds of bearer token:
+
+* **admin** (``<data_dir>/admin_token``): everything.
+* **job** (minted by the Slurm prolog with the cluster secret, :mod:`jobsight.protocol.tokens`):
+  writes records whose ``job`` is its job, and only into its cluster; reads its own job. Once a
+  prolog registered the job with its uid, only a token minted for that uid counts
+  (:func:`check_job_owner`), and its ``gpu_sample``/``host_sample`` records are kept as
+  self-reported metrics, not as the node's samples (:mod:`jobsight.collector.ingest.self_reported`).
+* **node** (minted by the node daemon and the root hooks with the cluster secret):
+  writes records whose ``node`` (when given) is its node, for jobs whose Slurm
+  allocation holds its node, and only into its cluster; cannot read. Any record kind:
+  the node daemon and the hooks replay what jobs on the node spooled while the
+  collector was away, and a node's root holds the cluster secret anyway (it mints the
+  job tokens), so limiting kinds would be no boundary; the node binding is.
+
+  The allocation is what the first prolog registered (``jobs.nodes`` of a job with a
+  user, see :func:`jobsight.collector.jobs.allocations.job_allocations`). Once it is known, every
+  record of the job, ``job_started`` and ``job_ended`` included, needs the token's node
+  in it, and a ``job_started`` may not name nodes outside it: a node cannot add itself
+  (or others) to someone else's job, nor end it. While it is not known (a job the
+  collector has not heard of, or has seen only through other records), records are
+  accepted: the prolog's ``job_started`` may sit in a spool while the daemon's samples,
+  or the epilog's ``job_ended``, arrive first after a collector outage, and refusing
+  them would lose them for good; a ``job_started`` then registers the job, and must
+  name an allocation that holds the token's node (every prolog's does). Refusals are
+  403 naming the record.
+
+Every batch is recorded in the ingest ledger under its sender (:func:`sender_of`), so nobody can
+make another's ``(source, seq)`` a duplicate. Job and node tokens are accepted only when the
+collector has a cluster secret (``JOBSIGHT_SECRET_FILE``, default ``<data_dir>/cluster_secret``); without one they get
+401 saying so. Only a SHA-256 of the admin token is kept in memory, and tokens are
+compared in constant time. No token is ever logged.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import logging
+import os
+import secrets
+import stat
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from jobsight.collector.jobs.allocations import Allocation, Registered
+from jobsight.protocol.tokens import TokenError, looks_like_token, verify_token
+from jobsight.protocol.wire import Batch
+
+log = logging.getLogger("jobsight.collector")
+
+
+
+class AuthError(Exception):
+    """A request without the right to do what it asks; ``status`` is 401 or 403."""
+
+    def __init__(self, status: int, reason: str):
+        super().__init__(reason)
+        self.status = status
+        self.reason = reason
+
+
+@dataclass(frozen=True)
+class Principal:
+    kind: Literal["admin", "job", "node"]
+    job: str | None = None
+    node: str | None = None
+    cluster: str | None = None
+    uid: int | None = None
+    """A job token's uid, as the prolog minted it (``None``: minted without one)."""
+
+
+def sender_of(principal: Principal) -> str:
+    """Who sent a batch, as the ingest ledger keys it: a batch id ``(source, seq)`` is unique per
+    sender, so one sender can never make another's batch a duplicate (docs/security.md)."""
+    if principal.kind == "admin":
+        return "admin"
+    return f"{principal.kind}:{principal.cluster}/{principal.job if principal.kind == 'job' else principal.node}"
+
+
+def _digest(token: str) -> bytes:
+    return hashlib.sha256(token.encode()).digest()
+
+
+def ensure_admin_token(path: Path) -> str:
+    """Read the admin token, creating it (mode 0600) when absent; returns it."""
+    if path.exists():
+        return path.read_text(encoding="utf-8").strip()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    token = "jsa_" + secrets.token_urlsafe(32)
+    # Written whole under a private name, then linked into place: with --workers N every
+    # process starts here at once, and each must end with the one token that won, never a
+    # half-written file or a start-up crash on the loser's side.
+    draft = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}")
+    fd = os.open(draft, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(token + "\n")
+        os.link(draft, path)
+    except FileExistsError:
+        return path.read_text(encoding="utf-8").strip()
+    finally:
+        draft.unlink(missing_ok=True)
+    return token
+
+
+def ensure_cluster_secret(path: Path) -> bool:
+    """Create the cluster secret (mode 0600, 32 random bytes as hex) when ``path`` does not
+    exist; returns whether it was created. An existing file is left as it is, to be judged
+    by :func:`load_cluster_secret` at start-up. The secret is never logged."""
+    if path.exists():
+        return False
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        # O_EXCL: two starts racing must not write two secrets, one of them to tokens already minted.
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        return False
+    with os.fdopen(fd, "w", encoding="utf-8") as handle:
+        handle.write(secrets.token_hex(32) + "\n")
+    log.info("created the cluster secret %s", path)
+    return True
+
+
+def read_secret_file(path: Path, what: str) -> str:
+    """Read a secret, refusing one that other users can read (the message says which file)."""
+    try:
+        mode = path.stat().st_mode
+    except FileNotFoundError as exc:
+        raise RuntimeError(f"{what} {path} does not exist") from exc
+    if mode & (stat.S_IRWXG | stat.S_IRWXO):
+        raise RuntimeError(f"{what} {path} is readable by other users (mode {stat.S_IMODE(mode):o}); chmod 600 it")
+    value = path.read_text(encoding="utf-8").strip()
+    if not value:
+        raise RuntimeError(f"{what} {path} is empty")
+    return value
+
+
+def load_cluster_secret(path: Path) -> str | None:
+    """The cluster secret, or ``None`` (logged) when the file does not exist.
+
+    Raises ``RuntimeError`` naming the file when it is readable by other users or
+    empty: the collector must not start on a leaked secret.
+    """
+    if not path.exists():
+        log.warning("no cluster secret at %s: job and node tokens will not be accepted "
+                    "(set JOBSIGHT_SECRET_FILE to enable the Slurm integration)", path)
+        return None
+    return read_secret_file(path, "cluster secret")
+
+
+class Authenticator:
+    """``admin_tokens``: accepted admin tokens; ``secret``: the cluster secret for job and
+    node tokens (``None``: only admin tokens work)."""
+
+    def __init__(self, admin_tokens: list[str], secret: str | None = None):
+        self._admin = [_digest(t) for t in admin_tokens if t]
+        self._secret = secret
+
+    def authenticate(self, authorization: str | None, now: float | None = None) -> Principal:
+        if not authorization:
+            raise AuthError(401, "missing bearer token")
+        scheme, _, token = authorization.partition(" ")
+        token = token.strip()
+        if scheme.lower() != "bearer" or not token:
+            raise AuthError(401, "expected 'Authorization: Bearer <token>'")
+        digest = _digest(token)
+        if any(hmac.compare_digest(digest, admin) for admin in self._admin):
+            return Principal("admin")
+        if not looks_like_token(token):
+            raise AuthError(401, "unknown token")
+        if self._secret is None:
+            raise AuthError(401, "this collector has no cluster secret, so it accepts no job or node tokens")
+        try:
+            claims = verify_token(self._secret, token, now)
+        except TokenError as exc:
+            raise AuthError(401, str(exc)) from exc
+        return Principal(claims.kind, job=claims.job, node=claims.node, cluster=claims.cluster, uid=claims.uid)
+
+    def authorize_batch(
+        self,
+        principal: Principal,
+        batch: Batch,
+        allocations: Mapping[str, Allocation] | None = None,
+    ) -> None:
+        """Raise :class:`AuthError` (403, naming the record) unless ``principal`` may write
+        every record of ``batch``.
+
+        ``allocations`` maps each job id of the batch to its registration as the collector holds it
+        (``None`` or absent: not registered by a prolog yet); see :func:`batch_jobs_to_check`.
+        """
+        if principal.kind == "admin":
+            return
+        if batch.cluster != principal.cluster:
+            raise AuthError(403, f"a {principal.kind} token of cluster {principal.cluster!r} "
+                                 f"cannot write into cluster {batch.cluster!r}")
+        known = dict(allocations or {})
+        if principal.kind == "job":
+            check_job_owner(principal, known.get(principal.job or ""))
+            for index, record in enumerate(batch.records):
+                if record["job"] != principal.job:
+                    raise AuthError(403, f"record {index}: a job token of job {principal.job} "
+                                         f"cannot write records of job {record['job']}")
+                _check_job_token_lifecycle(index, record)
+            return
+        node = principal.node
+        for index, record in enumerate(batch.records):
+            if record.get("node") not in (None, node):
+                raise AuthError(403, f"record {index}: the node token of {node} "
+                                     f"cannot write records of node {record.get('node')}")
+            job = record["job"]
+            registered = known.get(job)
+            if registered is not None and registered.nodes:
+                _check_allocated(index, record, node, registered.nodes)
+            elif record["kind"] == "job_started":
+                named = record.get("nodes") or [record.get("node") or node]
+                if node not in named:
+                    raise AuthError(403, f"record {index}: the node token of {node} cannot register job {job} "
+                                         f"on nodes {', '.join(named)} that do not include it")
+                if record.get("user") is not None:
+                    known[job] = Registered(tuple(named), record.get("uid"))  # as ingest will store it
+
+    def authorize_read(self, principal: Principal, job: str | None = None, cluster: str | None = None) -> None:
+        """Raise :class:`AuthError` unless ``principal`` may read ``job`` of ``cluster``
+        (``job=None``: the job list; ``cluster=None``: the caller did not resolve one)."""
+        if principal.kind == "admin":
+            return
+        same_cluster = cluster is None or cluster == principal.cluster
+        if principal.kind == "job" and job is not None and job == principal.job and same_cluster:
+            return
+        if principal.kind == "job":
+            raise AuthError(403, f"a job token of job {principal.job} can read only that job")
+        raise AuthError(403, "a node token cannot read")
+
+
+def _check_allocated(index: int, record: Mapping[str, Any], node: str | None, allocation: Sequence[str]) -> None:
+    """A node token's record of a job whose allocation is known."""
+    job = record["job"]
+    if node not in allocation:
+        what = "end" if record["kind"] == "job_ended" else "write records of"
+        raise AuthError(403, f"record {index}: job {job} is not registered on node {node} "
+                             f"(its allocation is {', '.join(allocation)}), so {node} cannot {what} it")
+    if record["kind"] == "job_started":
+        outside = sorted(set(record.get("nodes") or ()) - set(allocation))
+        if outside:
+            raise AuthError(403, f"record {index}: node {node} cannot add {', '.join(outside)} "
+                                 f"to the allocation of job {job}")
+
+
+def batch_jobs_to_check(principal: Principal, batch: Batch) -> list[str]:
+    """The job ids whose registrations :meth:`Authenticator.authorize_batch` needs: every job of a
+    node token's batch, a job token's own job."""
+    if principal.kind == "node":
+        return sorted({r["job"] for r in batch.records})
+    if principal.kind == "job" and principal.job is not None:
+        return [principal.job]
+    return []
+
+
+def check_job_owner(principal: Principal, registered: Allocation) -> None:
+    """Raise :class:`AuthError` (403) unless a job token was minted for the uid its job runs as.
+
+    A job token names a job and a uid; once a prolog registered the job with its uid, a token of
+    another uid (or of none) is not this job's, whatever job id it names: the token may have been
+    minted for a job of the same id before it (an id Slurm reused) or by a fooled hook."""
+    if principal.kind != "job" or registered is None or registered.uid is None:
+        return
+    if principal.uid != registered.uid:
+        minted = "no uid" if principal.uid is None else f"uid {principal.uid}"
+        raise AuthError(403, f"a job token minted for {minted} cannot act for job {principal.job}, "
+                             f"which runs as uid {registered.uid}")
+
+
+# What Slurm says about a job (who ran it, where, on what, for how long) comes from the
+# prolog and epilog, which hold node tokens. A job token is in the user's hands, so it may
+# add run metadata to its job but not rewrite the accounting that audits rely on.
+_JOB_TOKEN_MAY_SET = frozenset({"kind", "job", "ts", "node", "name", "demo", "attrs"})
+
+
+def _check_job_token_lifecycle(index: int, record: Mapping[str, object]) -> None:
+    if record["kind"] == "job_ended":
+        raise AuthError(403, f"record {index}: a job token cannot end its job (the epilog does)")
+    if record["kind"] == "job_started":
+        for field, value in record.items():
+            if value is not None and field not in _JOB_TOKEN_MAY_SET:
+                raise AuthError(403, f"record {index}: a job token cannot set the job's {field}")

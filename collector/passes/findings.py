@@ -1,0 +1,379 @@
+"""The health evaluator: reads running jobs' rollups, applies :mod:`jobsight.protocol.health`,
+and keeps ``findings`` (and the alert outbox) in step with what the rules say.
+
+One collector process evaluates at a time, whatever ``--workers`` is: :class:`Evaluator` holds a
+session advisory lock on a connection of its own while it leads; the others try again each
+interval and take over when the leader's connection goes. An evaluation:
+
+* reads the running jobs, their ranks' minute step sums (``step_minutes``) over the recent
+  window, and their GPUs' minute sums (``gpu_minutes``) over the idle and low-utilisation
+  windows: rollups, so 500 running jobs of 8 GPUs are ~250 k small rows, not every sample;
+* for a rank silent past the window (hung), reads its last few minutes to know its usual step;
+* opens a finding once (the partial unique index on open findings), updates its evidence while
+  it lasts, resolves it when the rule no longer fires or the job ends;
+* writes each finding's alerts in the transaction that opens or resolves it (collector/passes/alerts.py).
+
+``memory_unused`` is a verdict on a whole run: it is written when a job the evaluator saw running
+has ended, already resolved at the job's end, and alerted once.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+from psycopg.types.json import Jsonb
+
+from jobsight.collector.config.health import HealthSettings
+from jobsight.collector.passes.leader import LeaderTimer
+from jobsight.collector.store.db import Connection
+from jobsight.collector.tiers.step_rollup import NO_RANK
+from jobsight.protocol.health import Finding, GpuWindow, HealthThresholds, JobHealthInput, RankSteps, evaluate
+
+log = logging.getLogger("jobsight.collector.passes.findings")
+
+HEALTH_LOCK_KEY: Final = 0x6A6F6273_68656C74 & 0x7FFFFFFFFFFFFFFF
+"""Session advisory lock held by the one evaluating process."""
+LIVE_RULES: Final = ("hung_rank", "straggler", "idle_allocation", "low_utilisation")
+END_EVENTS: Final = ("fit_end", "run_end", "exception")
+"""Log events by which a training process says it is done (or failed): its rank is not hung."""
+
+JobKey = tuple[str, str]
+"""cluster, job_id."""
+Enqueue = Callable[[Connection, Mapping[str, Any], str, Mapping[str, Any]], int]
+"""Writes the alerts of one finding event (opened/resolved) in the caller's transaction."""
+
+
+def _ts(seconds: float) -> dt.datetime:
+    return dt.datetime.fromtimestamp(seconds, dt.UTC)
+
+
+def _s(value: dt.datetime) -> float:
+    return value.timestamp()
+
+
+_RUNNING = """
+SELECT cluster, job_id, user_name, account, partition, start_time, last_seen
+FROM jobs WHERE state = 'running' AND last_seen >= %(alive)s
+"""
+
+_STEP_WINDOW = f"""
+SELECT cluster, job_id, rank, max(last_ts) AS last_ts,
+       percentile_cont(0.5) WITHIN GROUP (ORDER BY duration_sum / steps) AS median_step,
+       sum(steps) FILTER (WHERE last_ts >= %(straggler)s) AS w_steps,
+       sum(duration_sum) FILTER (WHERE last_ts >= %(straggler)s) AS w_duration,
+       sum(coalesce(data_wait_sum, 0) + forward_sum) FILTER (WHERE last_ts >= %(straggler)s) AS w_own,
+       bool_and(forward_n IS NOT NULL AND forward_n = steps) FILTER (WHERE last_ts >= %(straggler)s) AS w_all_forward
+FROM step_minutes
+WHERE job_id = ANY(%(jobs)s) AND ts >= %(since)s AND rank >= {NO_RANK}
+GROUP BY cluster, job_id, rank
+"""
+
+# A rank silent past the window: its latest minutes, for its last step and usual step time.
+_SILENT_RANKS = """
+SELECT k.cluster, k.job_id, k.rank, x.last_ts, x.median_step
+FROM unnest(%(clusters)s::text[], %(jobs)s::text[], %(ranks)s::int[]) AS k(cluster, job_id, rank),
+LATERAL (
+    SELECT max(r.last_ts) AS last_ts, percentile_cont(0.5) WITHIN GROUP (ORDER BY r.step_s) AS median_step
+    FROM (SELECT s.last_ts, s.duration_sum / s.steps AS step_s FROM step_minutes s
+          WHERE s.job_id = k.job_id AND s.cluster = k.cluster AND s.rank = k.rank
+          ORDER BY s.ts DESC LIMIT 10) r
+) x
+WHERE x.last_ts IS NOT NULL
+"""
+
+# Ranks whose process said it was done after the given time (the silent ranks' earliest last step).
+_DONE_RANKS = """
+SELECT DISTINCT coalesce(rank, -1) AS rank FROM log_events
+WHERE job_id = %(job)s AND cluster = %(cluster)s AND ts >= %(since)s AND attrs->>'event' = ANY(%(events)s)
+"""
+
+_RANKS_EVER = "SELECT DISTINCT rank FROM step_minutes WHERE job_id = %(job)s AND cluster = %(cluster)s"
+
+# The GPUs of the jobs (from the hourly rollup: a few rows each), then each GPU's minutes over
+# the windows through the minute rollup's key index.
+_GPU_WINDOW = """
+WITH g AS (
+    SELECT DISTINCT cluster, job_id, node, gpu_index, mig_uuid FROM gpu_hours
+    WHERE job_id = ANY(%(jobs)s) AND ts >= date_trunc('hour', %(since)s::timestamptz)
+)
+SELECT g.cluster, g.job_id, g.node, g.gpu_index, g.mig_uuid, w.*
+FROM g, LATERAL (
+    SELECT min(m.first_ts) AS first_ts, max(m.last_ts) AS last_ts,
+           max(m.util_gpu_max) FILTER (WHERE m.last_ts >= %(idle)s) AS idle_max,
+           sum(m.util_gpu_sum) FILTER (WHERE m.last_ts >= %(low)s) AS low_sum,
+           sum(m.util_gpu_n) FILTER (WHERE m.last_ts >= %(low)s) AS low_n,
+           sum(m.util_gpu_sum) FILTER (WHERE m.last_ts >= %(recent)s)
+               / nullif(sum(m.util_gpu_n) FILTER (WHERE m.last_ts >= %(recent)s), 0) AS util_recent,
+           sum(m.power_sum) FILTER (WHERE m.last_ts >= %(recent)s)
+               / nullif(sum(m.power_n) FILTER (WHERE m.last_ts >= %(recent)s), 0) AS power_recent
+    FROM gpu_minutes m
+    WHERE m.job_id = g.job_id AND m.cluster = g.cluster AND m.node = g.node AND m.gpu_index = g.gpu_index
+      AND m.mig_uuid = g.mig_uuid AND m.ts >= date_bin('1 minute', %(since)s::timestamptz, TIMESTAMPTZ '2000-01-01')
+) w
+WHERE w.first_ts IS NOT NULL
+"""
+
+_MEMORY_PEAKS = """
+SELECT cluster, job_id, node, gpu_index, mig_uuid, max(mem_used_max) AS used, max(mem_total_max) AS total
+FROM gpu_hours WHERE job_id = ANY(%(jobs)s)
+GROUP BY cluster, job_id, node, gpu_index, mig_uuid
+"""
+
+_OPEN = "SELECT * FROM findings WHERE state = 'open'"
+
+_INSERT = """
+INSERT INTO findings (cluster, job_id, rule, subject, rank, node, gpu, severity, state, opened_at, updated_at,
+                      resolved_at, at_ts, title, message, evidence)
+VALUES (%(cluster)s, %(job_id)s, %(rule)s, %(subject)s, %(rank)s, %(node)s, %(gpu)s, %(severity)s, %(state)s,
+        %(now)s, %(now)s, %(resolved_at)s, %(at_ts)s, %(title)s, %(message)s, %(evidence)s)
+ON CONFLICT (job_id, cluster, rule, subject) WHERE state = 'open' DO NOTHING
+RETURNING *
+"""
+
+_UPDATE = """
+UPDATE findings SET severity = %(severity)s, updated_at = %(now)s, at_ts = %(at_ts)s, title = %(title)s,
+       message = %(message)s, evidence = %(evidence)s, rank = %(rank)s, node = %(node)s, gpu = %(gpu)s
+WHERE job_id = %(job_id)s AND id = %(id)s AND state = 'open'
+"""
+
+_RESOLVE = """
+UPDATE findings SET state = 'resolved', resolved_at = %(now)s, updated_at = %(now)s
+WHERE job_id = %(job_id)s AND id = %(id)s AND state = 'open'
+RETURNING *
+"""
+
+_JOB_FACTS = "SELECT user_name, account, partition, state, end_time FROM jobs WHERE job_id = %s AND cluster = %s"
+
+
+def gpu_name(node: str | None, index: int, mig: str) -> str:
+    return f"{node or '?'}/{index}" + (f"/{mig}" if mig else "")
+
+
+@dataclass
+class Evaluation:
+    """What one evaluation did, for logs, tests and the bench."""
+
+    jobs: int = 0
+    opened: list[dict[str, Any]] = field(default_factory=list)
+    updated: int = 0
+    resolved: list[dict[str, Any]] = field(default_factory=list)
+
+
+class HealthEvaluator:
+    """The rules over the stored rollups; state kept between evaluations is only a cache (the
+    ranks each running job has had), so a new leader starts from the database alone."""
+
+    def __init__(self, settings: HealthSettings, enqueue: Enqueue | None = None) -> None:
+        self.settings = settings
+        self.thresholds: HealthThresholds = settings.thresholds()
+        self._enqueue = enqueue
+        self._ranks: dict[JobKey, set[int]] = {}
+        self._running: dict[JobKey, dict[str, Any]] = {}
+
+    # -- reading ---------------------------------------------------------------------------------
+
+    def _ranks_ever(self, conn: Connection, key: JobKey) -> set[int]:
+        known = self._ranks.get(key)
+        if known is None:
+            rows = conn.execute(_RANKS_EVER, {"job": key[1], "cluster": key[0]}).fetchall()
+            known = self._ranks[key] = {int(r["rank"]) for r in rows}
+        return known
+
+    def _rank_steps(self, conn: Connection, jobs: Sequence[JobKey], now: float) -> dict[JobKey, list[RankSteps]]:
+        t = self.thresholds
+        since = now - max(t.straggler_window_s, t.hung_min_s) - 60
+        params = {"jobs": [j for _, j in jobs], "since": _ts(since), "straggler": _ts(now - t.straggler_window_s)}
+        wanted = set(jobs)
+        out: dict[JobKey, list[RankSteps]] = {}
+        for row in conn.execute(_STEP_WINDOW, params):
+            key = (row["cluster"], row["job_id"])
+            if key not in wanted:
+                continue
+            self._ranks.setdefault(key, set()).add(int(row["rank"]))
+            w_steps = int(row["w_steps"] or 0)
+            out.setdefault(key, []).append(RankSteps(
+                int(row["rank"]), _s(row["last_ts"]), float(row["median_step"]), w_steps,
+                float(row["w_duration"]) / w_steps if w_steps else None,
+                float(row["w_own"]) / w_steps if w_steps and row["w_all_forward"] and row["w_own"] is not None
+                else None,
+            ))
+        silent = [
+            (key, rank) for key in jobs for rank in self._ranks_ever(conn, key)
+            if rank not in {r.rank for r in out.get(key, [])}
+        ]
+        if silent:
+            rows = conn.execute(_SILENT_RANKS, {
+                "clusters": [k[0] for k, _ in silent], "jobs": [k[1] for k, _ in silent],
+                "ranks": [r for _, r in silent],
+            })
+            for row in rows:
+                out.setdefault((row["cluster"], row["job_id"]), []).append(
+                    RankSteps(int(row["rank"]), _s(row["last_ts"]), float(row["median_step"])))
+        return {key: self._still_running(conn, key, ranks, now) for key, ranks in out.items()}
+
+    def _still_running(self, conn: Connection, key: JobKey, ranks: list[RankSteps], now: float) -> list[RankSteps]:
+        """``ranks`` less those whose process said it was done after its last step. Read only for
+        jobs with a rank silent past ``hung_min_s``: the others cannot be hung."""
+        silent = [r for r in ranks if now - r.last_step_at > self.thresholds.hung_min_s]
+        if not silent:
+            return ranks
+        rows = conn.execute(_DONE_RANKS, {"job": key[1], "cluster": key[0], "events": list(END_EVENTS),
+                                          "since": _ts(min(r.last_step_at for r in silent))})
+        done = {int(row["rank"]) for row in rows}
+        return [r for r in ranks if r.rank not in done]
+
+    def _gpu_windows(self, conn: Connection, jobs: Sequence[JobKey], now: float) -> dict[JobKey, list[GpuWindow]]:
+        t = self.thresholds
+        params = {
+            "jobs": [j for _, j in jobs], "since": _ts(now - max(t.idle_min_s, t.low_util_window_s)),
+            "idle": _ts(now - t.idle_min_s), "low": _ts(now - t.low_util_window_s), "recent": _ts(now - 300),
+        }
+        wanted = set(jobs)
+        out: dict[JobKey, list[GpuWindow]] = {}
+        for row in conn.execute(_GPU_WINDOW, params):
+            key = (row["cluster"], row["job_id"])
+            if key not in wanted:
+                continue
+            out.setdefault(key, []).append(GpuWindow(
+                gpu_name(row["node"], row["gpu_index"], row["mig_uuid"]), row["node"] or None,
+                _s(row["first_ts"]), _s(row["last_ts"]),
+                None if row["idle_max"] is None else float(row["idle_max"]),
+                float(row["low_sum"] or 0.0), int(row["low_n"] or 0),
+                None if row["power_recent"] is None else float(row["power_recent"]),
+                None if row["util_recent"] is None else float(row["util_recent"]),
+            ))
+        return out
+
+    def inputs(self, conn: Connection, now: float) -> tuple[dict[JobKey, dict[str, Any]], dict[JobKey, JobHealthInput]]:
+        """The running jobs (rows by key) and what the rules read of each."""
+        alive = _ts(now - self.settings.gone_after_s)
+        running = {(r["cluster"], r["job_id"]): r for r in conn.execute(_RUNNING, {"alive": alive})}
+        keys = sorted(running)
+        steps = self._rank_steps(conn, keys, now) if keys else {}
+        gpus = self._gpu_windows(conn, keys, now) if keys else {}
+        for gone in set(self._ranks) - set(running):
+            del self._ranks[gone]
+        return running, {
+            key: JobHealthInput(key[1], now, True, steps.get(key, []), gpus.get(key, [])) for key in keys
+        }
+
+    # -- writing ---------------------------------------------------------------------------------
+
+    def _alert(self, conn: Connection, finding: Mapping[str, Any], event: str, job: Mapping[str, Any]) -> None:
+        if self._enqueue is not None:
+            self._enqueue(conn, finding, event, job)
+
+    def _open(self, conn: Connection, key: JobKey, f: Finding, now: float, job: Mapping[str, Any],
+              state: str = "open", resolved_at: dt.datetime | None = None) -> dict[str, Any] | None:
+        row = conn.execute(_INSERT, {
+            "cluster": key[0], "job_id": key[1], "rule": f.rule, "subject": f.subject, "rank": f.rank, "node": f.node,
+            "gpu": f.gpu, "severity": f.severity, "state": state, "now": _ts(now), "resolved_at": resolved_at,
+            "at_ts": None if f.at is None else _ts(f.at), "title": f.title, "message": f.message,
+            "evidence": Jsonb(f.evidence),
+        }).fetchone()
+        if row is not None:
+            self._alert(conn, row, "opened", job)
+        return row
+
+    def _apply(self, conn: Connection, key: JobKey, found: Iterable[Finding], open_rows: Mapping[tuple[str, str], Any],
+               now: float, job: Mapping[str, Any], result: Evaluation) -> None:
+        """Make the job's open findings what the rules found, in one transaction."""
+        seen: set[tuple[str, str]] = set()
+        with conn.transaction():
+            for f in found:
+                seen.add((f.rule, f.subject))
+                existing = open_rows.get((f.rule, f.subject))
+                if existing is None:
+                    row = self._open(conn, key, f, now, job)
+                    if row is not None:
+                        result.opened.append(row)
+                    continue
+                conn.execute(_UPDATE, {
+                    "job_id": key[1], "id": existing["id"], "severity": f.severity, "now": _ts(now),
+                    "at_ts": None if f.at is None else _ts(f.at), "title": f.title, "message": f.message,
+                    "evidence": Jsonb(f.evidence), "rank": f.rank, "node": f.node, "gpu": f.gpu,
+                })
+                result.updated += 1
+            for (rule, subject), existing in open_rows.items():
+                if (rule, subject) not in seen:
+                    self._resolve(conn, existing, now, job, result)
+
+    def _resolve(self, conn: Connection, existing: Mapping[str, Any], now: float, job: Mapping[str, Any],
+                 result: Evaluation) -> None:
+        row = conn.execute(_RESOLVE, {"job_id": existing["job_id"], "id": existing["id"], "now": _ts(now)}).fetchone()
+        if row is not None:
+            self._alert(conn, row, "resolved", job)
+            result.resolved.append(row)
+
+    def _ended(self, conn: Connection, open_by_job: Mapping[JobKey, Mapping[tuple[str, str], Any]],
+               running: Mapping[JobKey, Any], now: float, result: Evaluation) -> None:
+        """Resolve the open findings of jobs that no longer run; judge the memory of those that
+        this evaluator saw running."""
+        ended = (set(open_by_job) | set(self._running)) - set(running)
+        if not ended:
+            return
+        peaks = self._memory_peaks(conn, [k for k in ended if k in self._running])
+        for key in sorted(ended):
+            facts = conn.execute(_JOB_FACTS, (key[1], key[0])).fetchone() or {}
+            with conn.transaction():
+                for existing in open_by_job.get(key, {}).values():
+                    self._resolve(conn, existing, now, facts, result)
+                judged = "memory_unused" in self.settings.rules and facts.get("state") not in (None, "running")
+                if key in peaks and judged:
+                    job = JobHealthInput(key[1], now, running=False, memory_peaks=peaks[key])
+                    end = facts.get("end_time") or _ts(now)
+                    for f in evaluate(job, self.thresholds, ("memory_unused",)):
+                        row = self._open(conn, key, f, now, facts, state="resolved", resolved_at=end)
+                        if row is not None:
+                            result.opened.append(row)
+
+    def _memory_peaks(self, conn: Connection, jobs: Sequence[JobKey]) -> dict[JobKey, dict[str, tuple[int, int]]]:
+        out: dict[JobKey, dict[str, tuple[int, int]]] = {}
+        if not jobs:
+            return out
+        wanted = set(jobs)
+        for row in conn.execute(_MEMORY_PEAKS, {"jobs": [j for _, j in jobs]}):
+            key = (row["cluster"], row["job_id"])
+            if key in wanted and row["used"] is not None and row["total"]:
+                out.setdefault(key, {})[gpu_name(row["node"], row["gpu_index"], row["mig_uuid"])] = (
+                    int(row["used"]), int(row["total"]))
+        return out
+
+    def evaluate_once(self, conn: Connection, now: float | None = None) -> Evaluation:
+        """One evaluation of every running job (``conn`` in autocommit mode, rows as dicts)."""
+        now = time.time() if now is None else now
+        result = Evaluation()
+        running, inputs = self.inputs(conn, now)
+        open_by_job: dict[JobKey, dict[tuple[str, str], Any]] = {}
+        for row in conn.execute(_OPEN):
+            open_by_job.setdefault((row["cluster"], row["job_id"]), {})[(row["rule"], row["subject"])] = row
+        rules = [r for r in self.settings.rules if r in LIVE_RULES]
+        for key, job in inputs.items():
+            found = evaluate(job, self.thresholds, rules)
+            self._apply(conn, key, found, open_by_job.get(key, {}), now, running[key], result)
+        self._ended(conn, open_by_job, running, now, result)
+        self._running = dict(running)
+        result.jobs = len(inputs)
+        return result
+
+
+class Evaluator(LeaderTimer[Evaluation]):
+    """The health timer: evaluates while this process leads (:data:`HEALTH_LOCK_KEY`)."""
+
+    def __init__(self, database_url: str, settings: HealthSettings, enqueue: Enqueue | None = None) -> None:
+        super().__init__(database_url, HEALTH_LOCK_KEY, "health", settings.interval_s)
+        self.settings = settings
+        self.health = HealthEvaluator(settings, enqueue)
+
+    def work(self, conn: Connection) -> Evaluation:
+        return self.health.evaluate_once(conn)
+
+    def describe(self, result: Evaluation) -> str | None:
+        if not (result.opened or result.resolved):
+            return None
+        return f"{result.jobs} running jobs, {len(result.opened)} findings opened, {len(result.resolved)} resolved"

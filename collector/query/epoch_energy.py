@@ -1,0 +1,260 @@
+"""Energy per epoch of a job, from the energy counters of the GPUs its ranks use.
+
+The GPUs are those whose samples are attributed to the job, as in its summary
+(:mod:`jobsight.collector.jobs.summaries`), which also decides each GPU's method the same way: its
+NVML energy counter when two or more of its samples carry one, else the trapezoidal integral of
+its power over time (pre-Volta GPUs have no counter). Either gives a cumulative energy per GPU,
+known at some times; an epoch's energy is, summed over the GPUs, that cumulative energy at the
+epoch's end minus at its start. The epochs (:mod:`jobsight.collector.query.epoch_steps`) tile the
+training run, so with the time before the first epoch (start-up) and after the last step they
+tile the sampled run: every GPU's values telescope to last minus first, which is its energy in
+the summary, and the rows add up to the job's energy.
+
+A boundary rarely falls on a sample. The cumulative energy there is interpolated linearly
+between the two readings around it: between them the GPU used their difference at a rate no
+reading tells, so spreading it evenly over the time is the best guess. Taking the nearest
+reading instead would move up to half a sampling interval's energy across the boundary (a
+700 W GPU sampled every 5 s: 1.75 kJ per boundary). Either way one GPU's value at one time is
+one number, so the epochs still add up exactly.
+
+What is read, for a 64-GPU, 24-hour job (5.5 M samples):
+
+* counters: the hourly rollup's first and last reading of each GPU-hour (1,536 rows), plus,
+  near each boundary only, the last reading before it and the first after it among those within
+  :data:`NEAR` (DISTINCT ON: one row per GPU and side). Where a GPU has none there (sampling
+  slower than that, or a gap), the per-minute rollup's first and last readings of the minutes
+  around that boundary are read too, and failing those the hours' are the nearest;
+* power integrals: every sample of the GPUs without a counter, as the summary integrates them,
+  reduced in SQL to the first and last of each stretch between boundaries.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from bisect import bisect_right
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+from jobsight.collector.jobs.summaries import J_PER_KWH
+from jobsight.collector.query import epoch_steps
+from jobsight.collector.store.db import Connection
+from jobsight.collector.tiers import reads as tiers
+
+COUNTER: Final = "counter"
+POWER_INTEGRAL: Final = "power integral"
+BOTH: Final = "counter + power integral"
+"""How a figure was obtained: from the GPUs' energy counters, by integrating power over time for
+GPUs without one, or the two (some GPUs each way)."""
+
+NEAR: Final = dt.timedelta(seconds=10)
+"""How far from a boundary raw samples are looked for: two intervals of the agent's default 5 s."""
+
+GpuKey = tuple[str, int, str]
+"""node, GPU index, MIG device ('' for none)."""
+Point = tuple[dt.datetime, float]
+
+
+def _key(row: dict[str, Any]) -> GpuKey:
+    return (row["node"] or "", row["gpu_index"], row["mig_uuid"] or "")
+
+
+@dataclass
+class GpuCurve:
+    """One GPU's cumulative energy in joules at known times (counter readings, or the running
+    power integral at samples)."""
+
+    method: str
+    points: list[Point] = field(default_factory=list)
+    _times: list[dt.datetime] = field(default_factory=list, repr=False)
+
+    def sort(self) -> None:
+        """Order the points by time; :meth:`at` reads them only after this."""
+        self.points.sort()
+        self._times = [t for t, _ in self.points]
+
+    def at(self, when: dt.datetime) -> float:
+        """The value at ``when``, interpolated between the points around it; before the first
+        point, the first (nothing used yet), after the last, the last."""
+        i = bisect_right(self._times, when)
+        if i == 0:
+            return self.points[0][1]
+        if i == len(self.points):
+            return self.points[-1][1]
+        (t0, v0), (t1, v1) = self.points[i - 1], self.points[i]
+        return v0 + (v1 - v0) * ((when - t0) / (t1 - t0))
+
+
+_HOURS: Final = """
+SELECT node, gpu_index, mig_uuid, first_ts, last_ts, energy_min, energy_max, energy_n
+FROM gpu_hours WHERE job_id = %(job)s AND cluster = %(cluster)s
+"""
+
+# The last reading at or before each boundary (``i``, from 1) and the first after it, per GPU,
+# among the samples within %(near)s of it.
+_NEAR_SAMPLES: Final = f"""
+WITH bd(at, i) AS (SELECT * FROM unnest(%(bounds)s::timestamptz[]) WITH ORDINALITY)
+SELECT bd.i, s.node, s.gpu_index, s.mig_uuid, s.ts, s.energy_j AS value
+FROM bd CROSS JOIN LATERAL (
+    (SELECT DISTINCT ON (node, gpu_index, mig_uuid) node, gpu_index, mig_uuid, ts, energy_j
+     FROM {tiers.samples(("energy_j",), start="bd.at - %(near)s", end="bd.at")} g
+     WHERE energy_j IS NOT NULL ORDER BY node, gpu_index, mig_uuid, ts DESC)
+    UNION ALL
+    (SELECT DISTINCT ON (node, gpu_index, mig_uuid) node, gpu_index, mig_uuid, ts, energy_j
+     FROM {tiers.samples(("energy_j",), start="bd.at", end="bd.at + %(near)s")} g
+     WHERE energy_j IS NOT NULL AND ts > bd.at ORDER BY node, gpu_index, mig_uuid, ts)
+) s
+"""
+
+# The readings the per-minute rollup keeps of the minutes around each boundary. A monotonic
+# counter's least reading of a period is its first and its greatest its last, so a rollup row
+# gives two: (first_ts, energy_min) and (last_ts, energy_max).
+_NEAR_MINUTES: Final = f"""
+WITH bd(at) AS (SELECT unnest(%(bounds)s::timestamptz[]))
+SELECT m.node, m.gpu_index, m.mig_uuid, e.ts, e.value
+FROM bd CROSS JOIN LATERAL {tiers.minutes(("first_ts", "last_ts", "energy_min", "energy_max"),
+                                          start="bd.at - interval '2 minutes'", end="bd.at + interval '1 minute'")} m
+CROSS JOIN LATERAL (VALUES (m.first_ts, m.energy_min), (m.last_ts, m.energy_max)) e(ts, value)
+WHERE m.energy_min IS NOT NULL
+"""
+
+# Per GPU and stretch between boundaries (width_bucket's part): the first and last sample, with
+# the running power integral (as summaries._POWER_SQL integrates, in the same order) and the
+# counter readings. Both only grow, so their least and greatest are at the first and last sample.
+_SAMPLES_BY_PART: Final = f"""
+WITH s AS (
+    SELECT node, gpu_index, mig_uuid, ts, power_w, energy_j,
+           extract(epoch FROM ts - lag(ts) OVER w) AS dt_s, lag(power_w) OVER w AS prev_power_w
+    FROM {tiers.samples(("power_w", "energy_j"))} g
+    WHERE %(every_gpu)s OR gpu_index = ANY(%(gpus)s)
+    WINDOW w AS (PARTITION BY node, gpu_index, mig_uuid ORDER BY ts, power_w)
+), c AS (
+    SELECT node, gpu_index, mig_uuid, ts, power_w, energy_j, width_bucket(ts, %(bounds)s::timestamptz[]) AS part,
+           coalesce(sum(dt_s * (power_w + prev_power_w) / 2) OVER (
+               PARTITION BY node, gpu_index, mig_uuid ORDER BY ts, power_w ROWS UNBOUNDED PRECEDING), 0) AS power_j
+    FROM s
+)
+SELECT node, gpu_index, mig_uuid, part, min(ts) AS first_ts, max(ts) AS last_ts,
+       min(power_j) AS power_first, max(power_j) AS power_last, count(power_w) AS power_n,
+       count(energy_j) AS energy_n, min(energy_j) AS energy_min, max(energy_j) AS energy_max,
+       min(ts) FILTER (WHERE energy_j IS NOT NULL) AS energy_first_ts,
+       max(ts) FILTER (WHERE energy_j IS NOT NULL) AS energy_last_ts
+FROM c GROUP BY node, gpu_index, mig_uuid, part
+"""
+
+
+def _from_samples(conn: Connection, params: dict[str, Any], bounds: list[dt.datetime],
+                  only: set[GpuKey] | None) -> dict[GpuKey, GpuCurve]:
+    """Curves from the samples: the power integral of the GPUs in ``only``; with ``None``, of
+    every GPU, by counter where it has one (a job stored without rollups)."""
+    rows = conn.execute(_SAMPLES_BY_PART, {
+        **params, "every_gpu": only is None, "gpus": sorted({k[1] for k in only or ()}),
+        # width_bucket needs one bound at least; with none, every sample is in one part.
+        "bounds": bounds or [dt.datetime.min.replace(tzinfo=dt.UTC)],
+    }).fetchall()
+    by_gpu: dict[GpuKey, list[dict[str, Any]]] = defaultdict(list)
+    for row in rows:
+        if only is None or _key(row) in only:
+            by_gpu[_key(row)].append(row)
+    curves = {}
+    for key, parts in by_gpu.items():
+        if only is None and sum(p["energy_n"] for p in parts) >= 2:
+            curves[key] = GpuCurve(COUNTER, [pt for p in parts if p["energy_n"] for pt in (
+                (p["energy_first_ts"], p["energy_min"]), (p["energy_last_ts"], p["energy_max"]))])
+        elif sum(p["power_n"] for p in parts) >= 2:
+            curves[key] = GpuCurve(POWER_INTEGRAL, [pt for p in parts for pt in (
+                (p["first_ts"], p["power_first"]), (p["last_ts"], p["power_last"]))])
+    return curves
+
+
+def _add_near_readings(conn: Connection, params: dict[str, Any], bounds: list[dt.datetime],
+                       curves: dict[GpuKey, GpuCurve]) -> None:
+    """Add to the counter ``curves`` the readings around each of ``bounds``: the samples next to
+    it, and where a GPU has none within :data:`NEAR` on a side while the boundary is inside its
+    readings (sampling slower than that, or a gap), the readings of the minutes around it."""
+    found: set[tuple[int, GpuKey, bool]] = set()
+    for row in conn.execute(_NEAR_SAMPLES, {**params, "bounds": bounds, "near": NEAR}).fetchall():
+        key, index = _key(row), row["i"] - 1
+        if (curve := curves.get(key)) is not None:
+            curve.points.append((row["ts"], row["value"]))
+            found.add((index, key, row["ts"] > bounds[index]))
+    spans = {key: (min(t for t, _ in c.points), max(t for t, _ in c.points)) for key, c in curves.items() if c.points}
+    lacking = [b for i, b in enumerate(bounds) for key, (first, last) in spans.items()
+               if first < b < last and not {(i, key, False), (i, key, True)} <= found]
+    if lacking:
+        for row in conn.execute(_NEAR_MINUTES, {**params, "bounds": sorted(set(lacking))}).fetchall():
+            if (curve := curves.get(_key(row))) is not None:
+                curve.points.append((row["ts"], row["value"]))
+
+
+def gpu_curves(conn: Connection, cluster: str, job_id: str, bounds: list[dt.datetime]) -> dict[GpuKey, GpuCurve]:
+    """Each GPU's cumulative energy, with points enough to read it at ``bounds`` (ascending)."""
+    params: dict[str, Any] = {"job": job_id, "cluster": cluster}
+    hours = conn.execute(_HOURS, params).fetchall()
+    if not hours:
+        curves = _from_samples(conn, params, bounds, None)
+    else:
+        readings: dict[GpuKey, int] = defaultdict(int)
+        for h in hours:
+            readings[_key(h)] += h["energy_n"]
+        curves = {key: GpuCurve(COUNTER) for key, n in readings.items() if n >= 2}
+        for h in hours:
+            if (curve := curves.get(_key(h))) is not None and h["energy_min"] is not None:
+                curve.points += [(h["first_ts"], h["energy_min"]), (h["last_ts"], h["energy_max"])]
+        if bounds and curves:
+            _add_near_readings(conn, params, bounds, curves)
+        if without := set(readings) - set(curves):
+            curves.update(_from_samples(conn, params, bounds, without))
+    for curve in curves.values():
+        curve.sort()
+    return {key: curve for key, curve in curves.items() if curve.points}
+
+
+def _method(methods: set[str]) -> str | None:
+    return None if not methods else BOTH if len(methods) > 1 else next(iter(methods))
+
+
+def _span(epoch: int | None, start: dt.datetime, end: dt.datetime, energy_j: float | None, method: str | None,
+          *, steps: int | None = None, samples: int | None = None, growing: bool = False) -> dict[str, Any]:
+    seconds = (end - start).total_seconds()
+    return {
+        "epoch": epoch, "start": start, "end": end, "duration_s": seconds, "steps": steps, "samples": samples,
+        "samples_per_s": samples / seconds if samples is not None and seconds > 0 else None,
+        "energy_j": energy_j, "energy_kwh": energy_j / J_PER_KWH if energy_j is not None else None,
+        "j_per_sample": energy_j / samples if energy_j is not None and samples else None,
+        "mean_power_w": energy_j / seconds if energy_j is not None and seconds > 0 else None,
+        "method": method, "growing": growing,
+    }
+
+
+def job_epochs(conn: Connection, cluster: str, job_id: str, *, running: bool) -> dict[str, Any]:
+    """Per epoch of the job: start, end, duration, steps, samples, samples/s, energy (J and kWh),
+    J per sample, mean power, and the method (:data:`COUNTER`, :data:`POWER_INTEGRAL` or
+    :data:`BOTH`); the energy before the first epoch and after the last step; the job's energy.
+    While the job runs (``running``), the last epoch, the time after it and the total are still
+    growing (``growing``). Energies are ``None`` when no GPU of the job has a counter or power."""
+    epochs = epoch_steps.job_epochs(conn, cluster, job_id)
+    bounds = [*(e.start for e in epochs), epochs[-1].end] if epochs else []
+    curves = gpu_curves(conn, cluster, job_id, bounds)
+    values = [[c.points[0][1], *(c.at(b) for b in bounds), c.points[-1][1]] for c in curves.values()]
+    method = _method({c.method for c in curves.values()})
+
+    def energy(part: int) -> float | None:
+        """Part 0 is before the first bound, part ``len(bounds)`` after the last."""
+        return sum(v[part + 1] - v[part] for v in values) if values else None
+
+    total = sum(v[-1] - v[0] for v in values) if values else None
+    spans = [_span(e.epoch, e.start, e.end, energy(i + 1), method, steps=e.steps, samples=e.samples,
+                   growing=running and i == len(epochs) - 1) for i, e in enumerate(epochs)]
+    before = after = None
+    if epochs and curves:
+        first = min(c.points[0][0] for c in curves.values())
+        last = max(c.points[-1][0] for c in curves.values())
+        before = _span(None, min(first, epochs[0].start), epochs[0].start, energy(0), method)
+        after = _span(None, epochs[-1].end, max(last, epochs[-1].end), energy(len(bounds)), method, growing=running)
+    return {
+        "cluster": cluster, "job_id": job_id, "running": running,
+        "energy_j": total, "energy_kwh": total / J_PER_KWH if total is not None else None, "method": method,
+        "gpus": {m: sum(1 for c in curves.values() if c.method == m) for m in (COUNTER, POWER_INTEGRAL)},
+        "epochs": spans, "before_first_epoch": before, "after_last_step": after,
+    }

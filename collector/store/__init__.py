@@ -1,0 +1,2 @@
+"""Where everything is kept: connections, the schema and its migrations, partitions, Citus placement and
+the embedded PostgreSQL. Imports only config."""
