@@ -50,13 +50,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 os.environ.setdefault("STREAMLIT_LOGGER_LEVEL", "error")
 
 from bench.stack import REPO, Stack, median_time, running_stack  # noqa: E402
+from jobsight.collector.query import grids  # noqa: E402
 from jobsight.collector.query import logs as log_queries  # noqa: E402
 from jobsight.collector.query import profiles as profile_queries  # noqa: E402
 from jobsight.collector.query import series as queries  # noqa: E402
-from jobsight.collector.query.jobs import get_job
+from jobsight.collector.query.jobs import get_job  # noqa: E402
 from jobsight.collector.store.embedded_db import free_port  # noqa: E402
 from jobsight.commands.dashboard import streamlit_argv  # noqa: E402
-from jobsight.dashboard import data  # noqa: E402
 from jobsight.dashboard.settings import DashboardSettings, load_dashboard_settings  # noqa: E402
 from tests.dashboard.seed import BigJob, seed_big_job  # noqa: E402
 
@@ -82,12 +82,12 @@ def page_reads(job: str, settings: DashboardSettings) -> dict[str, Callable[[psy
     cells, most = settings.heatmap_cells, settings.chart_points
     return {
         "job": lambda conn: get_job(conn, CLUSTER, job),
-        "gpus": lambda conn: data.read_gpu_grid(conn, CLUSTER, job, cells, most),
+        "gpus": lambda conn: grids.read_gpu_grid(conn, CLUSTER, job, cells, most),
         "markers": lambda conn: (log_queries.log_events(conn, CLUSTER, job, level="WARNING", limit=200),
                                  queries.epoch_starts(conn, CLUSTER, job),
                                  profile_queries.profile_windows(conn, CLUSTER, job)),
-        "steps": lambda conn: data.read_step_grid(conn, CLUSTER, job, cells, most),
-        "metrics": lambda conn: data.read_metric_grid(conn, CLUSTER, job, settings.line_points, most),
+        "steps": lambda conn: grids.read_step_grid(conn, CLUSTER, job, cells, most),
+        "metrics": lambda conn: grids.read_metric_grid(conn, CLUSTER, job, settings.line_points, most),
         "logs+profiles": lambda conn: (log_queries.log_events(conn, CLUSTER, job, level="DEBUG", limit=500),
                                        profile_queries.list_profiles(conn, CLUSTER, job),
                                        profile_queries.profile_requests(conn, CLUSTER, job)),

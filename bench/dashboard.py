@@ -34,15 +34,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.stack import median_time  # noqa: E402
 from jobsight.collector.query import audit as audit_queries  # noqa: E402
+from jobsight.collector.query import grids  # noqa: E402
 from jobsight.collector.query import logs as log_queries  # noqa: E402
 from jobsight.collector.query import profiles as profile_queries  # noqa: E402
 from jobsight.collector.query import series as queries  # noqa: E402
-from jobsight.collector.query.jobs import get_job
+from jobsight.collector.query.jobs import get_job  # noqa: E402
 from jobsight.collector.store import migrate  # noqa: E402
 from jobsight.collector.store.embedded_db import EmbeddedPostgres  # noqa: E402
 from jobsight.collector.store.partitions import PartitionKeeper, partition_name  # noqa: E402
 from jobsight.collector.tiers import compaction  # noqa: E402
-from jobsight.dashboard import data  # noqa: E402
 from jobsight.dashboard.settings import DashboardSettings  # noqa: E402
 from tests.dashboard.test_query_scale import GPUS, fill_gpu_samples  # noqa: E402
 
@@ -67,9 +67,9 @@ def job_page_queries(conn: psycopg.Connection[Any]) -> None:
     """The reads of the job page, as the dashboard makes them (its heatmap, step band and metric
     budgets), with the markers and the warnings the page shows."""
     get_job(conn, CLUSTER, JOB)
-    data.read_gpu_grid(conn, CLUSTER, JOB, PAGE.heatmap_cells, PAGE.chart_points)
-    data.read_step_grid(conn, CLUSTER, JOB, PAGE.heatmap_cells, PAGE.chart_points)
-    data.read_metric_grid(conn, CLUSTER, JOB, PAGE.line_points, PAGE.chart_points)
+    grids.read_gpu_grid(conn, CLUSTER, JOB, PAGE.heatmap_cells, PAGE.chart_points)
+    grids.read_step_grid(conn, CLUSTER, JOB, PAGE.heatmap_cells, PAGE.chart_points)
+    grids.read_metric_grid(conn, CLUSTER, JOB, PAGE.line_points, PAGE.chart_points)
     log_queries.log_events(conn, CLUSTER, JOB, level="WARNING", limit=200)
     queries.epoch_starts(conn, CLUSTER, JOB)
     profile_queries.profile_windows(conn, CLUSTER, JOB)

@@ -14,7 +14,7 @@ import streamlit as st
 from jobsight.collector.config.settings import SettingsError
 from jobsight.dashboard.identity import viewer_or_stop
 from jobsight.dashboard.markup import plain
-from jobsight.dashboard.settings import load_dashboard_settings
+from jobsight.dashboard.settings import dashboard_settings
 from jobsight.protocol import links
 
 PAGES = Path(__file__).resolve().parent / "views"
@@ -22,7 +22,7 @@ PAGES = Path(__file__).resolve().parent / "views"
 st.set_page_config(page_title="jobsight", layout="wide")
 
 try:
-    settings = load_dashboard_settings()
+    settings = dashboard_settings()
 except SettingsError as exc:
     st.error(str(exc))
     st.stop()

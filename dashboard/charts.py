@@ -23,7 +23,7 @@ from typing import Final
 import altair as alt
 import pandas as pd
 
-from jobsight.dashboard.settings import MIN_SERIES_POINTS, points_per_series
+from jobsight.collector.query.grids import MIN_SERIES_POINTS, points_per_series
 from jobsight.protocol import diagnosis
 
 Domain = tuple[dt.datetime, dt.datetime]
@@ -157,7 +157,7 @@ def fit_line_rows(frame: pd.DataFrame, by: Sequence[str], value: str, width: pd.
                   how: Mapping[str, str]) -> pd.DataFrame:
     """:func:`line_rows` of ``frame`` within ``budget`` rows, neighbouring buckets merged on their grid
     (:func:`merge_on_grid`) as far as needed, but never to fewer than
-    :data:`~jobsight.dashboard.settings.MIN_SERIES_POINTS` a series (a very large job goes over instead)."""
+    :data:`~jobsight.collector.query.grids.MIN_SERIES_POINTS` a series (a very large job goes over instead)."""
     if frame.empty or width is None:
         return frame.assign(point="bucket")
     series = frame.groupby(list(by), dropna=False).ngroups

@@ -24,15 +24,15 @@ from jobsight.collector.query import findings as finding_queries
 from jobsight.collector.query import logs as log_queries
 from jobsight.collector.query import profiles as profile_queries
 from jobsight.collector.query import series as queries
+from jobsight.collector.query.grids import read_gpu_grid, read_metric_grid, read_step_grid
 from jobsight.collector.query.jobs import get_job, list_jobs
-from jobsight.collector.query.time_range import TimeRange
 from jobsight.collector.store.db import Connection, open_pool, unit_of_work
 from jobsight.dashboard.identity import Viewer
-from jobsight.dashboard.settings import load_dashboard_settings, points_per_series
+from jobsight.dashboard.settings import dashboard_settings
 
 T = TypeVar("T")
 
-TTL = dt.timedelta(seconds=load_dashboard_settings().cache_ttl_s)
+TTL = dt.timedelta(seconds=dashboard_settings().cache_ttl_s)
 
 
 class DatabaseNotConfigured(RuntimeError):
@@ -116,145 +116,6 @@ def open_job(viewer: Viewer, cluster: str, job_id: str) -> JobAccess:
 
 
 # ---- per-job series (take a JobRef) ------------------------------------------------------
-
-# A job's GPUs and ranks are counted on its last minutes of data before its series are read, so
-# that the series can be read at a resolution that fits them all in the page's budget.
-PROBE = dt.timedelta(minutes=2)
-
-SeriesCount = Callable[[Sequence[dict[str, Any]]], int]
-"""How many series share a budget, from rows of a series query."""
-
-
-def _distinct(*key: str) -> SeriesCount:
-    """Series named by ``key``: all of them share the budget (the heatmap's GPUs, the band's ranks)."""
-    return lambda rows: len({tuple(r.get(k) for k in key) for r in rows})
-
-
-def _most_ranks_per_metric(rows: Sequence[dict[str, Any]]) -> int:
-    """Each metric has its own chart, so the budget is shared by the ranks of the metric with most."""
-    ranks: dict[str, set[Any]] = {}
-    for r in rows:
-        ranks.setdefault(r["name"], set()).add(r["rank"])
-    return max(map(len, ranks.values()), default=0)
-
-
-def rollup_points(window: TimeRange, points: int) -> int:
-    """``points``, or fewer (down to half) when that makes :func:`queries.gpu_series` read a
-    rollup (hours, else minutes) instead of a finer one or the raw samples.
-
-    Buckets of at least ``queries.HOUR_ROLLUP_MIN_BUCKET_S`` read ``gpu_hours``, and of at least
-    ``queries.ROLLUP_MIN_BUCKET_S`` ``gpu_minutes``: each some sixty times fewer rows than the
-    grain below. A budget that lands just under a threshold would otherwise read the finer
-    grain: a 512-GPU job's 15 buckets over 30 minutes are two minutes wide, give or take a
-    second (0.7 s on its samples instead of 0.06 s on its minutes); a 64-GPU job's 125 buckets
-    over 9 days are 1.7 hours wide (830 k minute rows instead of 14 k hour rows). The widths are
-    worked out as the query does, from the range's first hour or minute; should that rule change,
-    this only stops saving time."""
-    for aligned, least in ((window.from_hour(), queries.HOUR_ROLLUP_MIN_BUCKET_S),
-                           (window.from_minute(), queries.ROLLUP_MIN_BUCKET_S)):
-        fitted = _points_for(aligned, points, least)
-        if fitted is not None:
-            return fitted
-    return points
-
-
-def _points_for(aligned: TimeRange, points: int, least: float) -> int | None:
-    """``points`` if its buckets over ``aligned`` are ``least`` seconds or wider; else the most
-    points that are, if that is at least half of ``points``; else ``None``."""
-    if aligned.bucket_seconds(points) >= least:
-        return points
-    fitted = int((aligned.end - aligned.start).total_seconds() // least)
-    return fitted if fitted >= max(points / 2, 1) else None
-
-
-RAW_ROWS_MAX = 20_000
-"""Raw rows a grid may read; a job whose series would read more (a 64-GPU job's first half hour
-at 1 Hz is 115 k samples) reads its per-minute rollup even when that gives fewer buckets than
-the budget allows, as long as it gives at least :data:`MIN_ROLLUP_POINTS`."""
-MIN_ROLLUP_POINTS = 10
-
-
-@dataclass(frozen=True)
-class Rollup:
-    """The finest rollup a grid's query reads: from buckets of ``least_s`` seconds, and the
-    column of its rows that counts the raw rows each bucket holds."""
-
-    least_s: float
-    count: str
-
-
-GPU_ROLLUP = Rollup(queries.ROLLUP_MIN_BUCKET_S, "samples")
-STEP_ROLLUP = Rollup(queries.STEP_ROLLUP_MIN_BUCKET_S, "steps")
-
-
-def raw_budget_points(window: TimeRange, points: int, recent: Sequence[dict[str, Any]],
-                      rollup: Rollup) -> int:
-    """``points``, or the rollup's grid when reading ``points`` buckets would read more than
-    :data:`RAW_ROWS_MAX` raw rows. The raw rows are estimated from ``recent`` (one bucket per
-    series over the last :data:`PROBE`): a short job's rows come at the rate of its last minutes."""
-    aligned = window.from_minute()
-    if aligned.bucket_seconds(points) >= rollup.least_s:
-        return points  # the rollup is read already
-    span_s = (window.end - window.start).total_seconds()
-    probe_s = min(PROBE.total_seconds(), span_s) or 1.0
-    raw = sum(int(r.get(rollup.count) or 0) for r in recent) * span_s / probe_s
-    fitted = int((aligned.end - aligned.start).total_seconds() // rollup.least_s)
-    return fitted if raw > RAW_ROWS_MAX and fitted >= MIN_ROLLUP_POINTS else points
-
-
-def _read_grid(conn: Connection, read: Callable[..., list[dict[str, Any]]], table: str, count: SeriesCount,
-               cluster: str, job_id: str, cells: int, most: int, *, rollup: Rollup | None = None,
-               snap: bool = False) -> list[dict[str, Any]]:
-    """``read`` (a query-layer series function) for the whole run at the resolution that keeps
-    ``series × buckets`` within ``cells`` (:func:`points_per_series`, the series as ``count``
-    counts them); with ``snap``, rounded down to the hour or minute rollup's grid when close to it
-    (:func:`rollup_points`); with ``rollup``, on the rollup's grid when the raw rows would be too
-    many (:func:`raw_budget_points`).
-
-    The number of series is not known before reading them, so it is taken from a cheap probe (one
-    bucket over the last :data:`PROBE` of data); series that had stopped by then are found in the
-    full read, which is then repeated at the resolution that fits them all (rare: a rank or GPU
-    that went silent minutes before the end)."""
-    window = queries.series_range(conn, table, cluster, job_id)
-    if window is None:
-        return []
-
-    recent = read(conn, cluster, job_id, start=max(window.start, window.end - PROBE), end=window.end, points=1)
-
-    def fit(series: int) -> int:
-        points = points_per_series(cells, series, most)
-        points = rollup_points(window, points) if snap else points
-        return raw_budget_points(window, points, recent, rollup) if rollup else points
-
-    guess = count(recent)
-    points = fit(guess)
-    rows = read(conn, cluster, job_id, start=window.start, end=window.end, points=points)
-    found = count(rows)
-    if found > guess and (fitted := fit(found)) < points:
-        rows = read(conn, cluster, job_id, start=window.start, end=window.end, points=fitted)
-    return rows
-
-
-def read_gpu_grid(conn: Connection, cluster: str, job_id: str, cells: int, most: int) -> list[dict[str, Any]]:
-    """Every GPU's series, ``cells // GPUs`` buckets each (at most ``most``, at times fewer to read
-    the per-hour or per-minute rollup): the heatmap's cells."""
-    return _read_grid(conn, queries.gpu_series, "gpu_samples", _distinct("node", "gpu_index", "mig_uuid"), cluster,
-                      job_id, cells, most, rollup=GPU_ROLLUP, snap=True)
-
-
-def read_step_grid(conn: Connection, cluster: str, job_id: str, cells: int, most: int) -> list[dict[str, Any]]:
-    """Every rank's step series, ``cells // ranks`` buckets each (at most ``most``): what the step
-    band is computed from, read at the heatmap's budget so a rank-per-GPU job gets the same buckets."""
-    return _read_grid(conn, queries.step_series, "steps", _distinct("rank"), cluster, job_id, cells, most,
-                      rollup=STEP_ROLLUP)
-
-
-def read_metric_grid(conn: Connection, cluster: str, job_id: str, points: int, most: int) -> list[dict[str, Any]]:
-    """Every metric of every rank that logs it, a chart's worth each: ``points // ranks`` buckets a
-    rank (at most ``most``), for the metric logged by most ranks. One rank (the usual rank-zero
-    logging) gets ``most``; a metric every rank of a big job logs does not bring back ranks × ``most``."""
-    return _read_grid(conn, queries.metric_series, "metrics", _most_ranks_per_metric, cluster, job_id, points, most)
-
 
 @st.cache_data(ttl=TTL, show_spinner=False)
 def _gpu(cluster: str, job_id: str, cells: int, most: int) -> pd.DataFrame:

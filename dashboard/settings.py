@@ -7,14 +7,16 @@ reads; ``jobsight up`` sets it for the dashboard process.
 
 from __future__ import annotations
 
+import functools
 import ipaddress
+import os
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal, Self
 
 from pydantic import Field, PrivateAttr, ValidationError, field_validator, model_validator
 from pydantic_settings import NoDecode, SettingsConfigDict
 
-from jobsight.collector.config.settings import SettingsError, TomlTableSettings, validation_message
+from jobsight.collector.config.toml_settings import SettingsError, TomlTableSettings, validation_message
 
 CommaList = Annotated[tuple[str, ...], NoDecode]
 ProxyNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
@@ -146,20 +148,22 @@ class DashboardSettings(TomlTableSettings):
         return self._proxy_secret
 
 
-MIN_SERIES_POINTS = 8
-"""Fewest buckets a series is given however many share a budget: below this a GPU's row or a
-rank's line no longer shows a trend, so a very large job goes over its budget instead."""
-
-
-def points_per_series(budget: int, series: int, most: int) -> int:
-    """Time buckets per series when ``series`` series share ``budget`` points: ``budget // series``,
-    at most ``most`` (a single series' worth) and at least :data:`MIN_SERIES_POINTS`."""
-    return max(MIN_SERIES_POINTS, min(most, budget // max(series, 1)))
-
-
 def load_dashboard_settings(**overrides: Any) -> DashboardSettings:
     """Load and validate settings; raises :class:`SettingsError` naming the bad value."""
     try:
         return DashboardSettings(**overrides)
     except ValidationError as exc:
         raise SettingsError(validation_message("dashboard", "JOBSIGHT_DASHBOARD_", exc)) from exc
+
+
+def dashboard_settings() -> DashboardSettings:
+    """The dashboard's settings, read once per process and shared by the app, every page and the data
+    layer: Streamlit runs a page again on every interaction, and it no longer reads the TOML file each
+    time. Read again only when the process's ``JOBSIGHT_*`` variables change (tests that run pages in
+    one process with other settings); a bad value raises :class:`SettingsError` as the loader does."""
+    return _settings_for(tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith("JOBSIGHT_"))))
+
+
+@functools.lru_cache(maxsize=8)
+def _settings_for(environment: tuple[tuple[str, str], ...]) -> DashboardSettings:
+    return load_dashboard_settings()

@@ -14,6 +14,8 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from jobsight.commands.cli_error import CliError
+
 # subcommand -> (module that adds its arguments and runs it, one-line help)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "up": ("jobsight.commands.up", "start embedded PostgreSQL, the collector and the dashboard"),
@@ -25,14 +27,6 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "slurm": ("jobsight.commands.slurm", "Slurm hooks: prolog, epilog, task-prolog (run by the slurm/ wrappers)"),
     "report": ("jobsight.commands.report", "print a job's efficiency report from the collector"),
 }
-
-
-class CliError(Exception):
-    """A problem the user can fix; printed as one line, exit code ``code``."""
-
-    def __init__(self, message: str, code: int = 2):
-        super().__init__(message)
-        self.code = code
 
 
 def _module(name: str) -> Any:

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from jobsight.agent.node.registrations import Registration
-from jobsight.agent.slurm.job import job_id_from_env
+from jobsight.protocol.slurm_ids import job_id_from_env
 
 MAX_ENVIRON_BYTES: Final = 256 * 1024
 MAX_CGROUP_BYTES: Final = 64 * 1024

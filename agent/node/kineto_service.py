@@ -72,8 +72,8 @@ from jobsight.agent.node.registrations import Registration, read_registrations
 from jobsight.agent.settings import AgentSettings
 from jobsight.agent.shipping.client import CollectorClient
 from jobsight.agent.shipping.shipper import Shipper
-from jobsight.agent.training.profile_summary import breakdown, summarize_trace
-from jobsight.agent.training.profiling import pack_trace
+from jobsight.agent.traces.profile_summary import breakdown, summarize_trace
+from jobsight.agent.traces.trace_packing import pack_trace
 from jobsight.protocol import diagnosis, wire
 
 __all__ = ["RANK_VARIABLES", "KinetoService", "TraceRefused", "Window", "fallback_ms", "process_uid", "rank_of",

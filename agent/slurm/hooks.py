@@ -45,14 +45,13 @@ from jobsight.agent.slurm.job import (
     SlurmJob,
     exit_code_from_env,
     job_from_env,
-    job_id_from_env,
     job_time_limit,
-    slurm_job_id,
     with_slurm_ids,
 )
 from jobsight.agent.slurm.sender import NET_TIMEOUT_S, HookSender, spool_dir
 from jobsight.agent.slurm.squeue import SQUEUE, ask_squeue
 from jobsight.protocol import wire
+from jobsight.protocol.slurm_ids import job_id_from_env, slurm_job_id
 from jobsight.protocol.tokens import DEFAULT_SECRET_FILE, mint_job_token, mint_node_token, read_cluster_secret
 
 log = logging.getLogger("jobsight.slurm")

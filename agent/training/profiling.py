@@ -11,15 +11,13 @@ attribute and returns.
 
 The schedule and options are :mod:`jobsight.agent.training.profile_schedule` (``with_stack``
 on: Python frames are recorded in the window only); the summary's content (breakdown, top
-ops, memory) is :mod:`jobsight.agent.training.profile_summary`, its source lines
-:mod:`jobsight.agent.training.profile_sources`. torch is imported only when a window starts:
+ops, memory) is :mod:`jobsight.agent.traces.profile_summary`, its source lines
+:mod:`jobsight.agent.traces.profile_sources`. torch is imported only when a window starts:
 ``agent`` imports without it.
 """
 
 from __future__ import annotations
 
-import base64
-import gzip
 import json
 import logging
 import os
@@ -27,42 +25,30 @@ import tempfile
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
+from jobsight.agent.traces.profile_summary import breakdown, memory_facts, summarize
+from jobsight.agent.traces.trace_packing import pack_trace
 from jobsight.agent.training.profile_schedule import (
     ProfileOptions,
     ProfileSchedule,
     rank_chosen,
 )
-from jobsight.agent.training.profile_summary import breakdown, memory_facts, summarize
-from jobsight.protocol import diagnosis, wire
+from jobsight.protocol import diagnosis
 
 if TYPE_CHECKING:
     from jobsight.agent.training.directives import DirectivePoller, ProfileRequest
-    from jobsight.agent.training.run_records import RunRecorder
+
+
+class Recorder(Protocol):
+    """What profiling needs of the run it profiles (a :class:`~jobsight.agent.training.run_records.RunRecorder`,
+    which itself holds a :class:`StepProfiling`): the rank, and where a profile record goes."""
+
+    rank: int | None
+
+    def profile(self, record: dict[str, Any]) -> None: ...
 
 log = logging.getLogger("jobsight.agent.profiling")
-
-
-def pack_trace(raw: bytes, cap_bytes: int) -> tuple[str | None, str | None]:
-    """The trace as base64 of gzip, or ``None`` and a note when it is over the cap (gzipped), or
-    over what the collector lets a trace inflate to (``wire.MAX_TRACE_INFLATED``): it would
-    refuse the whole batch."""
-    if len(raw) > wire.MAX_TRACE_INFLATED:
-        note = (
-            f"trace left out: {len(raw) / 1e6:.1f} MB is over the collector's cap of "
-            f"{wire.MAX_TRACE_INFLATED / 1e6:.1f} MB (profile fewer steps); summary only"
-        )
-        return None, note
-    cap = min(cap_bytes, wire.MAX_TRACE_B64 * 3 // 4)
-    packed = gzip.compress(raw, compresslevel=6)
-    if len(packed) > cap:
-        note = (
-            f"trace left out: {len(packed) / 1e6:.1f} MB gzipped is over the cap of {cap / 1e6:.1f} MB "
-            "(profile fewer steps, or raise trace_cap_bytes); summary only"
-        )
-        return None, note
-    return base64.b64encode(packed).decode("ascii"), None
 
 
 # -- one window --------------------------------------------------------------------------------
@@ -85,7 +71,7 @@ class ProfileWindow:
 
     def __init__(
         self,
-        recorder: RunRecorder,
+        recorder: Recorder,
         schedule: ProfileSchedule | None,
         options: ProfileOptions | None = None,
         *,
@@ -231,7 +217,7 @@ class StepProfiling:
 
     def __init__(
         self,
-        recorder: RunRecorder,
+        recorder: Recorder,
         schedule: ProfileSchedule | None = None,
         ranks: Sequence[int] | None = (0,),
         options: ProfileOptions | None = None,

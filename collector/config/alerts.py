@@ -27,7 +27,7 @@ from typing import Any, ClassVar
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, ValidationInfo, field_validator
 from pydantic_settings import SettingsConfigDict
 
-from jobsight.collector.config.settings import SettingsError, TomlTableSettings, validation_message
+from jobsight.collector.config.toml_settings import SettingsError, TomlTableSettings, validation_message
 from jobsight.protocol.health import SEVERITIES
 
 SEVERITY_RANK: dict[str, int] = {severity: rank for rank, severity in enumerate(SEVERITIES)}

@@ -11,7 +11,7 @@ from typing import Any, ClassVar
 from pydantic import Field, ValidationError, field_validator
 from pydantic_settings import SettingsConfigDict
 
-from jobsight.collector.config.settings import SettingsError, TomlTableSettings, validation_message
+from jobsight.collector.config.toml_settings import SettingsError, TomlTableSettings, validation_message
 from jobsight.protocol.health import RULES, HealthThresholds
 
 _D = HealthThresholds()

@@ -10,7 +10,7 @@ from typing import Any, ClassVar
 from pydantic import Field, ValidationError
 from pydantic_settings import SettingsConfigDict
 
-from jobsight.collector.config.settings import SettingsError, TomlTableSettings, validation_message
+from jobsight.collector.config.toml_settings import SettingsError, TomlTableSettings, validation_message
 
 
 class ReconcileSettings(TomlTableSettings):

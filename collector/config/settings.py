@@ -1,79 +1,40 @@
-"""Collector settings: one typed object from ``JOBSIGHT_*`` env vars and a TOML file.
+"""The collector's settings: one typed object, loaded once when a process starts and passed in.
 
-A bad value stops the server at start-up with a message naming it (STYLE rule 2).
-The TOML file is named by ``JOBSIGHT_CONFIG``; its ``[collector]`` table holds the
-same names as the fields below.
+Its own fields come from ``JOBSIGHT_*`` env vars and the ``[collector]`` table of the file named by
+``JOBSIGHT_CONFIG``; each room's section keeps its own variables and table:
+
+* ``tiers`` (:mod:`jobsight.collector.config.tiers`): ``JOBSIGHT_HOT_DAYS``, ``JOBSIGHT_COMPACT_*``…
+  in ``[collector]``;
+* ``health`` (:mod:`jobsight.collector.config.health`): ``JOBSIGHT_HEALTH_*``, ``[health]``;
+* ``alerts`` (:mod:`jobsight.collector.config.alerts`): ``JOBSIGHT_ALERTS_*``, ``[alerts]``;
+* ``reconcile`` (:mod:`jobsight.collector.config.reconcile`): ``JOBSIGHT_RECONCILE_*``, ``[reconcile]``.
+
+:func:`load_collector_settings` reads all of them before anything starts, and a bad value anywhere
+stops the start with one message naming every bad value (STYLE rule 2).
 """
 
 from __future__ import annotations
 
-import os
-import tomllib
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, ClassVar
 
-from pydantic import Field, ValidationError
-from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+from pydantic import BaseModel, Field, ValidationError
+from pydantic_settings import SettingsConfigDict
 
+from jobsight.collector.config.alerts import AlertSettings, load_alert_settings
+from jobsight.collector.config.health import HealthSettings, load_health_settings
+from jobsight.collector.config.reconcile import ReconcileSettings, load_reconcile_settings
+from jobsight.collector.config.tiers import TierSettings, load_tier_settings
+from jobsight.collector.config.toml_settings import SettingsError, TomlTableSettings, validation_message
 from jobsight.protocol.paths import ADMIN_TOKEN_FILE, default_data_dir
+
+__all__ = ["DEFAULT_MAX_GPUS_PER_JOB", "DEFAULT_MAX_OPEN_PROFILE_REQUESTS", "DEFAULT_MAX_RANKS_PER_JOB",
+           "CollectorSettings", "SettingsError", "load_collector_settings"]
 
 DEFAULT_MAX_GPUS_PER_JOB = 4096
 DEFAULT_MAX_RANKS_PER_JOB = 65536
 DEFAULT_MAX_OPEN_PROFILE_REQUESTS = 4
-
-
-class SettingsError(RuntimeError):
-    """A setting that cannot be used; the message names it."""
-
-
-class TomlTableSource(PydanticBaseSettingsSource):
-    """Reads one table (``[collector]``, ``[dashboard]``) of the file named by ``JOBSIGHT_CONFIG``."""
-
-    def __init__(self, settings_cls: type[BaseSettings], table: str):
-        super().__init__(settings_cls)
-        self.table = table
-
-    def get_field_value(self, field: Any, field_name: str) -> tuple[Any, str, bool]:
-        return None, field_name, False
-
-    def __call__(self) -> dict[str, Any]:
-        path = os.environ.get("JOBSIGHT_CONFIG")
-        if not path:
-            return {}
-        try:
-            with open(path, "rb") as handle:
-                data = tomllib.load(handle)
-        except OSError as exc:
-            raise SettingsError(f"JOBSIGHT_CONFIG: cannot read {path}: {exc.strerror}") from exc
-        except tomllib.TOMLDecodeError as exc:
-            raise SettingsError(f"JOBSIGHT_CONFIG: {path} is not valid TOML: {exc}") from exc
-        section = data.get(self.table, {})
-        return section if isinstance(section, dict) else {}
-
-
-class TomlTableSettings(BaseSettings):
-    """Settings from env vars, then the ``[toml_table]`` table of the ``JOBSIGHT_CONFIG`` file."""
-
-    toml_table: ClassVar[str]
-
-    @classmethod
-    def settings_customise_sources(
-        cls,
-        settings_cls: type[BaseSettings],
-        init_settings: PydanticBaseSettingsSource,
-        env_settings: PydanticBaseSettingsSource,
-        dotenv_settings: PydanticBaseSettingsSource,
-        file_secret_settings: PydanticBaseSettingsSource,
-    ) -> tuple[PydanticBaseSettingsSource, ...]:
-        return (init_settings, env_settings, TomlTableSource(settings_cls, cls.toml_table))
-
-
-def validation_message(component: str, env_prefix: str, exc: ValidationError) -> str:
-    """One line naming every bad variable, for a component that must not start with them."""
-    problems = "; ".join(
-        f"{env_prefix}{'_'.join(str(p) for p in err['loc']).upper()}: {err['msg']}" for err in exc.errors()
-    )
-    return f"invalid {component} settings: {problems}"
 
 
 class CollectorSettings(TomlTableSettings):
@@ -128,6 +89,13 @@ class CollectorSettings(TomlTableSettings):
     dashboard_url: str = "http://127.0.0.1:8501"
     dashboard_port: int = Field(8501, ge=1, le=65535)
 
+    # The sections, each from its own variables and table (their names stay as they were); given
+    # by load_collector_settings, which reads them all before anything starts.
+    tiers: TierSettings = Field(default_factory=load_tier_settings)
+    health: HealthSettings = Field(default_factory=load_health_settings)
+    alerts: AlertSettings = Field(default_factory=load_alert_settings)
+    reconcile: ReconcileSettings = Field(default_factory=load_reconcile_settings)
+
     def resolved_admin_token_file(self) -> Path:
         return self.admin_token_file or self.data_dir / ADMIN_TOKEN_FILE
 
@@ -135,9 +103,35 @@ class CollectorSettings(TomlTableSettings):
         return self.secret_file or self.data_dir / "cluster_secret"
 
 
+SECTIONS: dict[str, tuple[type[BaseModel], Callable[[], BaseModel]]] = {
+    "tiers": (TierSettings, load_tier_settings),
+    "health": (HealthSettings, load_health_settings),
+    "alerts": (AlertSettings, load_alert_settings),
+    "reconcile": (ReconcileSettings, load_reconcile_settings),
+}
+"""Each section of :class:`CollectorSettings`, its type and how it is read."""
+
+
 def load_collector_settings(**overrides: Any) -> CollectorSettings:
-    """Load and validate settings; raises :class:`SettingsError` naming the bad value."""
+    """Load and validate the settings and every section; raises :class:`SettingsError` naming every
+    bad value at once (never an alert sink's URL: none of these messages quotes an input)."""
+    problems: list[str] = []
+    sections: dict[str, Any] = {}
+    for name, (section, load) in SECTIONS.items():
+        if name not in overrides:
+            try:
+                sections[name] = load()
+            except SettingsError as exc:
+                problems.append(str(exc))
+                # A stand-in (defaults, nothing read), so the collector's own fields are still checked.
+                sections[name] = section.model_construct()
+    settings: CollectorSettings | None = None
     try:
-        return CollectorSettings(**overrides)
+        settings = CollectorSettings(**sections, **overrides)
     except ValidationError as exc:
-        raise SettingsError(validation_message("collector", "JOBSIGHT_", exc)) from exc
+        problems.insert(0, validation_message("collector", "JOBSIGHT_", exc))
+    except SettingsError as exc:  # the TOML file is unreadable: every section has said so too
+        problems.insert(0, str(exc))
+    if problems or settings is None:
+        raise SettingsError("; ".join(dict.fromkeys(problems)))
+    return settings

@@ -34,7 +34,7 @@ from typing import Any, Final
 import psycopg
 from psycopg.types.json import Jsonb
 
-from jobsight.collector.config.reconcile import ReconcileSettings, load_reconcile_settings
+from jobsight.collector.config.reconcile import ReconcileSettings
 from jobsight.collector.jobs.summaries import refresh_ended
 from jobsight.collector.passes.leader import LeaderTimer
 from jobsight.collector.passes.slurm_jobs import (
@@ -316,10 +316,8 @@ class Reconciler(LeaderTimer[Reconciliation]):
         return f"{result.running} running jobs, {len(result.ended)} ended as Slurm says, {len(result.lost)} lost"
 
 
-def start_reconciler(database_url: str, stop: threading.Event) -> None:
-    """Load the settings (a bad value raises :class:`SettingsError`, stopping the start) and run the
-    pass every ``interval_s`` in a daemon thread until ``stop`` is set; nothing when it is 0."""
-    settings = load_reconcile_settings()
+def start_reconciler(database_url: str, settings: ReconcileSettings, stop: threading.Event) -> None:
+    """Run the pass every ``interval_s`` in a daemon thread until ``stop`` is set; nothing when it is 0."""
     if settings.interval_s > 0:
         threading.Thread(target=Reconciler(database_url, settings).run, args=(stop,), name="jobsight-reconcile",
                          daemon=True).start()

@@ -6,7 +6,6 @@ import datetime as dt
 from typing import Any
 
 from jobsight.collector.store.db import Connection
-
 from jobsight.collector.tiers import reads as tiers
 
 LIVE_UTIL_WINDOW = dt.timedelta(hours=1)

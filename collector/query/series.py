@@ -141,11 +141,18 @@ def gpu_series_statements(
         # A sample or two a bucket: the samples are no more rows than the buckets, and a rollup, which
         # places each sample at its minute's or hour's start, would fill such buckets unevenly.
         return [samples]
-    grains = ((window.from_hour(), HOUR_ROLLUP_MIN_BUCKET_S, GPU_FROM_HOURS),
-              (window.from_minute(), ROLLUP_MIN_BUCKET_S, GPU_FROM_MINUTES))
+    grains = zip(rollup_grains(window), (GPU_FROM_HOURS, GPU_FROM_MINUTES), strict=True)
     rollups = [(query, _bucket_params(aligned, window, aligned.bucket_seconds(points), interval, job_id, cluster))
-               for aligned, least, query in grains if aligned.bucket_seconds(points) >= least]
+               for (aligned, least), query in grains if aligned.bucket_seconds(points) >= least]
     return [*rollups, samples]
+
+
+def rollup_grains(window: TimeRange) -> tuple[tuple[TimeRange, float], ...]:
+    """The GPU rollups ``window`` can be read from, hours then minutes: each as the window from the start
+    of its first hour or minute (what the rollup's buckets align to) and the narrowest bucket, in
+    seconds, that reads it. The one statement of the grain rule: :func:`gpu_series_statements` reads
+    a rollup by it, and the chart grids (:mod:`jobsight.collector.query.grids`) fit their buckets to it."""
+    return ((window.from_hour(), HOUR_ROLLUP_MIN_BUCKET_S), (window.from_minute(), ROLLUP_MIN_BUCKET_S))
 
 
 def _sample_buckets(window: TimeRange, points: int, interval: float | None) -> tuple[TimeRange, float]:

@@ -10,12 +10,12 @@ import streamlit as st
 
 from jobsight.dashboard import data, url_state
 from jobsight.dashboard.identity import viewer_or_stop
-from jobsight.dashboard.settings import load_dashboard_settings
+from jobsight.dashboard.settings import dashboard_settings
 from jobsight.dashboard.url_state import Param
 from jobsight.dashboard.views.job_health import RULE_LABEL, SEVERITY_MARK, SEVERITY_ORDER, moment_of, moment_url
 from jobsight.protocol.health import RULES
 
-settings = load_dashboard_settings()
+settings = dashboard_settings()
 viewer = viewer_or_stop(settings)
 st.title("Attention")
 if not viewer.is_admin:

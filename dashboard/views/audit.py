@@ -11,11 +11,11 @@ import streamlit as st
 
 from jobsight.dashboard import charts, data, url_state
 from jobsight.dashboard.identity import viewer_or_stop
-from jobsight.dashboard.settings import load_dashboard_settings
+from jobsight.dashboard.settings import dashboard_settings
 from jobsight.dashboard.url_state import Param
 from jobsight.protocol import links
 
-settings = load_dashboard_settings()
+settings = dashboard_settings()
 viewer = viewer_or_stop(settings)
 st.title("Audit")
 if not viewer.is_admin:

@@ -16,11 +16,11 @@ from jobsight.collector.query.profiles import TooManyOpenRequests
 from jobsight.dashboard import charts, data, job_facts
 from jobsight.dashboard.identity import viewer_or_stop
 from jobsight.dashboard.markup import plain, plain_join
-from jobsight.dashboard.settings import load_dashboard_settings
+from jobsight.dashboard.settings import dashboard_settings
 from jobsight.dashboard.views import job_epochs, job_health
 from jobsight.protocol import diagnosis, job_states, links
 
-settings = load_dashboard_settings()
+settings = dashboard_settings()
 viewer = viewer_or_stop(settings)
 
 # The address: job?cluster=…&job=…&t=… (links.job_link; ``t`` is read by job_health.show).

@@ -21,9 +21,10 @@ import altair as alt
 import pandas as pd
 import streamlit as st
 
+from jobsight.collector.query.grids import points_per_series
 from jobsight.dashboard import charts, data
 from jobsight.dashboard.markup import plain
-from jobsight.dashboard.settings import load_dashboard_settings, points_per_series
+from jobsight.dashboard.settings import dashboard_settings
 from jobsight.protocol import links
 
 JOB_PAGE: Final = "views/job.py"
@@ -177,7 +178,7 @@ def _window(job: Mapping[str, Any], moment: dt.datetime) -> charts.Domain:
 
 
 def _moment(ref: data.JobRef, job: Mapping[str, Any], moment: dt.datetime, text: str) -> None:
-    settings = load_dashboard_settings()
+    settings = dashboard_settings()
     domain = _window(job, moment)
     st.subheader(f"Around {moment:%Y-%m-%d %H:%M:%S} UTC", anchor=MOMENT_ANCHOR)
     # Always this one slot, filled only once per moment: the elements below keep their places on reruns.

@@ -10,12 +10,12 @@ import streamlit as st
 from jobsight.dashboard import data, job_groups, url_state
 from jobsight.dashboard.identity import viewer_or_stop
 from jobsight.dashboard.markup import plain
-from jobsight.dashboard.settings import load_dashboard_settings
+from jobsight.dashboard.settings import dashboard_settings
 from jobsight.dashboard.url_state import Param
 from jobsight.dashboard.views.job_health import health_cell
 from jobsight.protocol import job_states, links
 
-settings = load_dashboard_settings()
+settings = dashboard_settings()
 viewer = viewer_or_stop(settings)
 
 RANGES = {"last 24 hours": dt.timedelta(days=1), "last 7 days": dt.timedelta(days=7),

@@ -26,7 +26,7 @@ from jobsight.agent.node.kineto_service import KinetoService, write_status
 from jobsight.agent.node.nvml import NvmlSampler, NvmlUnavailable
 from jobsight.agent.settings import AgentSettings, load_agent_settings
 from jobsight.agent.shipping.shipper import Shipper, get_shipper
-from jobsight.cli import CliError
+from jobsight.commands.cli_error import CliError
 from jobsight.protocol.tokens import DEFAULT_SECRET_FILE, NodeTokenSource
 
 log = logging.getLogger("jobsight.agent.daemon")

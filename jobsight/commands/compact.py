@@ -14,7 +14,7 @@ import logging
 import re
 import time
 
-from jobsight.cli import CliError
+from jobsight.commands.cli_error import CliError
 
 _DURATION = re.compile(r"^(\d+(?:\.\d+)?)(s|m|h|d|w)$")
 _UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
@@ -41,19 +41,14 @@ def run(name: str, args: argparse.Namespace) -> int:
     import psycopg
     from psycopg.rows import dict_row
 
-    from jobsight.collector.config.settings import SettingsError
-    from jobsight.collector.config.tiers import load_tier_settings
     from jobsight.collector.store import migrate
     from jobsight.collector.store.partitions import PartitionKeeper
     from jobsight.collector.tiers import compaction
     from jobsight.commands.server import load_settings
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    settings = load_settings()
-    try:
-        tiers = load_tier_settings()
-    except SettingsError as exc:
-        raise CliError(str(exc)) from exc
+    settings = load_settings()  # every section at once: a bad value is named before anything runs
+    tiers = settings.tiers
     if not settings.database_url:
         raise CliError("JOBSIGHT_DATABASE_URL is not set")
     older_than = args.older_than if args.older_than is not None else tiers.older_than()

@@ -14,8 +14,8 @@ from collections.abc import Mapping
 from pathlib import Path
 
 import jobsight.dashboard
-from jobsight.cli import CliError
 from jobsight.collector.config.settings import SettingsError
+from jobsight.commands.cli_error import CliError
 from jobsight.dashboard.proxy_trust import NO_FORWARDED_FOR, bind_problem
 from jobsight.dashboard.settings import DashboardSettings, load_dashboard_settings
 

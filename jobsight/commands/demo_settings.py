@@ -14,7 +14,7 @@ from typing import Any, ClassVar, Self
 from pydantic import Field, ValidationError, model_validator
 from pydantic_settings import SettingsConfigDict
 
-from jobsight.collector.config.settings import SettingsError, TomlTableSettings, validation_message
+from jobsight.collector.config.toml_settings import SettingsError, TomlTableSettings, validation_message
 from jobsight.commands.demo_story import Timings
 
 

@@ -23,7 +23,7 @@ from urllib.parse import quote
 
 from jobsight.agent.settings import AgentSettings, load_agent_settings
 from jobsight.agent.shipping.client import CollectorClient
-from jobsight.cli import CliError
+from jobsight.commands.cli_error import CliError
 from jobsight.protocol import job_states, links
 
 TIMEOUT_S: Final = 10.0

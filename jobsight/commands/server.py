@@ -10,9 +10,9 @@ import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
 
-from jobsight.cli import CliError
 from jobsight.collector.api.telemetry import MULTIPROC_DIR_ENV, clear_multiprocess_dir
 from jobsight.collector.config.settings import CollectorSettings, SettingsError, load_collector_settings
+from jobsight.commands.cli_error import CliError
 
 
 def configure_parser(name: str, parser: argparse.ArgumentParser) -> None:

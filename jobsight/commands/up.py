@@ -26,8 +26,8 @@ from types import FrameType
 from typing import IO
 from urllib.parse import urlencode
 
-from jobsight.cli import CliError
 from jobsight.collector.config.settings import CollectorSettings, SettingsError
+from jobsight.commands.cli_error import CliError
 from jobsight.commands.dashboard import checked_settings, streamlit_argv, streamlit_env
 from jobsight.commands.demo_settings import DemoSettings, load_demo_settings
 from jobsight.commands.server import load_settings
@@ -141,17 +141,12 @@ def _announce(line: str) -> None:
     print(f"  {line}", flush=True)
 
 
-def _demo_alert_sink(stack: _Stack, env: dict[str, str]) -> str:
+def _demo_alert_sink(stack: _Stack, env: dict[str, str], settings: CollectorSettings) -> str:
     """Start the local alert sink and make it the collector's, unless alerts are configured already;
     returns the console line about it."""
-    from jobsight.collector.config.alerts import load_alert_settings
     from jobsight.commands.demo_sink import DemoAlertSink
 
-    try:
-        configured = bool(load_alert_settings().sinks)
-    except SettingsError as exc:
-        raise CliError(str(exc)) from exc
-    if configured:
+    if settings.alerts.sinks:
         return "alerts       to the sinks of your alert settings"
     sink = DemoAlertSink(stack.logs / "demo-alerts.log", announce=_announce)
     sink.start()
@@ -208,7 +203,7 @@ def run_up(settings: CollectorSettings, args: argparse.Namespace, demo: DemoSett
 
             # Before the collector starts: its compaction and health timers then find it all there.
             history = write_history(database_url, demo.history_days, seed=demo.seed)
-            lines.append(_demo_alert_sink(stack, env))
+            lines.append(_demo_alert_sink(stack, env, settings))
         collector_url = f"http://{settings.host}:{settings.port}"
         stack.spawn("collector", [sys.executable, "-m", "jobsight", "collector"], env)
         _wait_ready(stack, f"{collector_url}/readyz")

@@ -74,7 +74,7 @@ RANGES: Final[dict[str, dict[str, Range]]] = {
 
 # The profile trace is a gzip blob in base64; it has its own, larger cap, and a cap on what
 # it inflates to, so that no trace is a gzip bomb. The agent leaves out a trace over either
-# (agent/training/profiling.pack_trace); the collector's format=json download has the same
+# (agent/traces/trace_packing.pack_trace); the collector's format=json download has the same
 # 256 MiB cap (collector/query/traces.py).
 MAX_TRACE_B64: Final = 16 * 1024 * 1024
 MAX_TRACE_INFLATED: Final = 256 * 1024 * 1024

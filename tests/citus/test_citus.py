@@ -34,13 +34,13 @@ from jobsight.collector.passes import alerts
 from jobsight.collector.passes.findings import HealthEvaluator
 from jobsight.collector.query import audit as audit_queries
 from jobsight.collector.query import findings as finding_queries
+from jobsight.collector.query import grids as dashboard_data
 from jobsight.collector.query import logs as log_queries
 from jobsight.collector.query import profiles as profile_queries
 from jobsight.collector.query import series as queries
 from jobsight.collector.store.citus import LOCAL_TABLES, REFERENCE_TABLES
 from jobsight.collector.store.partitions import PartitionKeeper, partition_name
 from jobsight.collector.tiers import compaction
-from jobsight.dashboard import data as dashboard_data
 from tests.citus.cluster import citus_missing, required, start_citus_cluster, start_single_server
 from tests.citus.dataset import all_records, day_start
 from tests.conftest import REPO, LiveCollector

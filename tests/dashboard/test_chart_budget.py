@@ -24,16 +24,18 @@ from psycopg.rows import dict_row
 from streamlit.testing.v1 import AppTest
 
 from jobsight.collector.query import series as queries
-from jobsight.collector.query.time_range import TimeRange
-from jobsight.dashboard import charts
-from jobsight.dashboard.data import (
+from jobsight.collector.query.grids import (
+    MIN_SERIES_POINTS,
     RAW_ROWS_MAX,
+    points_per_series,
     read_gpu_grid,
     read_metric_grid,
     read_step_grid,
     rollup_points,
 )
-from jobsight.dashboard.settings import MIN_SERIES_POINTS, load_dashboard_settings, points_per_series
+from jobsight.collector.query.time_range import TimeRange
+from jobsight.dashboard import charts
+from jobsight.dashboard.settings import load_dashboard_settings
 from tests.dashboard.conftest import texts
 from tests.dashboard.seed import BigJob, Seed
 

@@ -9,8 +9,8 @@ import datetime as dt
 import pytest
 
 from jobsight.collector.query import series as queries
+from jobsight.collector.query.grids import rollup_points
 from jobsight.collector.query.time_range import TimeRange
-from jobsight.dashboard.data import rollup_points
 
 START = dt.datetime(2026, 3, 2, 6, 41, 17, tzinfo=dt.UTC)
 """A job's first sample, off the hour: the query's buckets start at 06:00."""

@@ -7,8 +7,8 @@ import datetime as dt
 from typing import Any
 
 from jobsight.collector.query import series as queries
+from jobsight.collector.query.grids import GPU_ROLLUP, MIN_ROLLUP_POINTS, RAW_ROWS_MAX, STEP_ROLLUP, raw_budget_points
 from jobsight.collector.query.time_range import TimeRange
-from jobsight.dashboard.data import GPU_ROLLUP, MIN_ROLLUP_POINTS, RAW_ROWS_MAX, STEP_ROLLUP, raw_budget_points
 
 START = dt.datetime(2026, 3, 2, 6, 41, 0, tzinfo=dt.UTC)
 

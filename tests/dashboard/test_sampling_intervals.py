@@ -35,12 +35,12 @@ import pytest
 from psycopg.rows import dict_row
 
 from jobsight.collector.query import sampling
+from jobsight.collector.query.grids import read_gpu_grid
 from jobsight.collector.query.time_range import TimeRange
 from jobsight.collector.store.partitions import PartitionKeeper
 from jobsight.collector.store.schema import PARTITIONED_TABLES
 from jobsight.collector.tiers.rollup import rebuild_minutes
 from jobsight.dashboard import charts
-from jobsight.dashboard.data import read_gpu_grid
 from jobsight.dashboard.settings import load_dashboard_settings
 from tests.collector.test_up import Up
 from tests.dashboard.test_browser import _wait, headless_chromium

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from jobsight.agent.training.profile_summary import breakdown, summarize
+from jobsight.agent.traces.profile_summary import breakdown, summarize
 from jobsight.protocol.diagnosis import diagnose
 
 torch = pytest.importorskip("torch")

@@ -11,7 +11,7 @@ import pytest
 
 torch = pytest.importorskip("torch", reason="torch is not installed (pip install 'jobsight[frameworks]')")
 
-from jobsight.agent.training.profile_summary import summarize, summarize_trace  # noqa: E402
+from jobsight.agent.traces.profile_summary import summarize, summarize_trace  # noqa: E402
 
 
 def test_the_traces_summary_matches_the_profilers(tmp_path: Path) -> None:

@@ -5,8 +5,8 @@ Who may import whom (project modules only; the standard library is always allowe
 * ``jobsight.protocol``: what both sides share; imports nothing else of the project.
 * ``jobsight.agent``: the protocol and itself; never the collector, dashboard or commands.
 * ``jobsight.collector``: the protocol and itself.
-* ``jobsight.dashboard``: the protocol, the collector (its query layer) and itself.
-* ``jobsight.migrations``: the protocol, the collector (the schema) and itself.
+* ``jobsight.dashboard``: the protocol, the collector's query, store and config rooms, and itself.
+* ``jobsight.migrations``: the protocol, the collector's store (the schema) and itself.
 * ``jobsight.cli`` and ``jobsight.commands``: anything; they are the composition root.
 
 An import is an ``import`` statement (at any depth, relative ones resolved) or a string
@@ -17,6 +17,15 @@ everywhere. Rooms that run on compute nodes without extras (the protocol, the ag
 shipping, node and slurm rooms) import only the standard library, except pynvml, which only
 the NVML module imports, lazily, and orjson, which only the wire module imports, and works
 without (tests/protocol/test_wire_encoding.py).
+
+Inside the collector, every module but the app's entry (``jobsight.collector.app``) lives in a
+room, and a room imports only itself and the rooms below it, in the order of
+:data:`COLLECTOR_ROOMS` (``config`` at the bottom, ``api`` at the top). The entry may import any
+room; no room imports the entry. The agent's rooms keep the same rule, in the order of
+:data:`AGENT_ROOMS`.
+
+No module imports itself back through others: :func:`import_cycles` finds every cycle in the
+graph of these imports (``TYPE_CHECKING`` imports and imports inside functions included).
 """
 
 from __future__ import annotations
@@ -44,17 +53,28 @@ ALLOWED: list[tuple[str, tuple[str, ...]]] = [
     ("jobsight.protocol", ("jobsight.protocol",)),
     ("jobsight.agent", ("jobsight.protocol", "jobsight.agent")),
     ("jobsight.collector", ("jobsight.protocol", "jobsight.collector")),
-    ("jobsight.dashboard", ("jobsight.protocol", "jobsight.collector", "jobsight.dashboard")),
-    ("jobsight.migrations", ("jobsight.protocol", "jobsight.collector", "jobsight.migrations")),
+    # The dashboard reads through the collector's query room (and opens its pool, reads its settings
+    # base); the migrations know the store's schema.
+    ("jobsight.dashboard", ("jobsight.protocol", "jobsight.collector.query", "jobsight.collector.store",
+                            "jobsight.collector.config", "jobsight.dashboard")),
+    ("jobsight.migrations", ("jobsight.protocol", "jobsight.collector.store", "jobsight.migrations")),
     ("jobsight.commands", ("jobsight",)),
     ("jobsight.cli", ("jobsight",)),
     ("jobsight.__main__", ("jobsight.cli",)),
     ("jobsight", ()),
 ]
 STDLIB_ONLY = ("jobsight.protocol", "jobsight.agent.shipping", "jobsight.agent.node", "jobsight.agent.slurm",
+
                "jobsight.agent.settings", "jobsight.agent.atomic_files")
 ORJSON_HOME = "jobsight.protocol.wire"  # optional: a faster batch encoder, when the agent extra brought it
 PYNVML_HOME = "jobsight.agent.node.nvml"
+COLLECTOR_ROOMS = ("config", "store", "tiers", "jobs", "ingest", "query", "passes", "api")
+"""The collector's rooms, bottom first: each may import itself and the rooms before it."""
+COLLECTOR_ENTRY = "jobsight.collector.app"
+AGENT_ROOMS = ("settings", "atomic_files", "traces", "shipping", "node", "slurm", "training")
+"""The agent's rooms (folders, and the two modules every room shares), bottom first."""
+ROOM_ORDERS = {"jobsight.collector": COLLECTOR_ROOMS, "jobsight.agent": AGENT_ROOMS}
+ROOM_ENTRIES = {"jobsight.collector": (COLLECTOR_ENTRY,), "jobsight.agent": ()}
 _DOTTED = re.compile(r"^(jobsight(?:\.\w+)+)(?::\w+)?$")
 
 
@@ -131,6 +151,102 @@ def _within(name: str, prefix: str) -> bool:
     return name == prefix or name.startswith(prefix + ".")
 
 
+def _room(module: str, package: str) -> str | None:
+    """The room of ``module`` in ``package`` (its first name below it); ``None`` for the package itself."""
+    rest = module[len(package) + 1:] if module.startswith(package + ".") else ""
+    return rest.split(".")[0] or None
+
+
+def room_problems(module: str, where: Path, imports: list[Import], known: set[str]) -> list[str]:
+    """The imports of ``module`` that point up (or sideways out of its package's room order), and
+    ``module`` itself when it stands outside every room."""
+    for package, order in ROOM_ORDERS.items():
+        if not _within(module, package) or module == package:
+            continue
+        entries = ROOM_ENTRIES[package]
+        room = _room(module, package)
+        if module in entries:
+            return []
+        if room not in order:
+            return [f"{where}:1: {module} is outside the rooms of {package} ({', '.join(order)})"]
+        problems = []
+        for item in imports:
+            target = _project_target(item.target, known)
+            if target is None or not _within(target, package) or target == package:
+                continue
+            if target in entries:
+                problems.append(f"{where}:{item.line}: {module} ({room}) may not import the entry {target}")
+                continue
+            other = _room(target, package)
+            if other in order and order.index(other) > order.index(room):
+                problems.append(f"{where}:{item.line}: {module} ({room}) may not import {target} ({other}): "
+                                f"a room imports only rooms below it ({' < '.join(order)})")
+        return problems
+    return []
+
+
+def import_graph(repo: Path) -> dict[str, set[str]]:
+    """Every project module -> the project modules it imports (by statement, at any depth)."""
+    files = module_files(repo)
+    known = set(files)
+    graph: dict[str, set[str]] = {module: set() for module in files}
+    for module, path in files.items():
+        for item in imports_of(module, path, known):
+            target = _project_target(item.target, known)
+            # A submodule naming its own package (a logger called "jobsight.collector") is no cycle.
+            if target in known and target != module and not module.startswith(f"{target}."):
+                graph[module].add(target)
+    return graph
+
+
+def import_cycles(repo: Path) -> list[list[str]]:
+    """Every group of modules that import each other, round and round (Tarjan's strongly connected
+    components of more than one module, or a module importing itself), each sorted."""
+    graph = import_graph(repo)
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    cycles: list[list[str]] = []
+
+    def visit(start: str) -> None:
+        # Iterative, so a deep chain of imports cannot hit the recursion limit.
+        work = [(start, iter(sorted(graph[start])))]
+        index[start] = low[start] = len(index)
+        stack.append(start)
+        on_stack.add(start)
+        while work:
+            node, targets = work[-1]
+            step = next(targets, None)
+            if step is not None:
+                if step not in index:
+                    index[step] = low[step] = len(index)
+                    stack.append(step)
+                    on_stack.add(step)
+                    work.append((step, iter(sorted(graph[step]))))
+                elif step in on_stack:
+                    low[node] = min(low[node], index[step])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                group = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    group.append(member)
+                    if member == node:
+                        break
+                if len(group) > 1:
+                    cycles.append(sorted(group))
+
+    for module in sorted(graph):
+        if module not in index:
+            visit(module)
+    return sorted(cycles)
+
+
 def violations(repo: Path) -> list[str]:
     """Every import that breaks the rule, as ``path:line: message``."""
     files = module_files(repo)
@@ -140,7 +256,9 @@ def violations(repo: Path) -> list[str]:
     for module, path in files.items():
         where = path.relative_to(repo)
         allowed = next(targets for prefix, targets in ALLOWED if _within(module, prefix))
-        for item in imports_of(module, path, known):
+        imports = list(imports_of(module, path, known))
+        problems.extend(room_problems(module, where, imports, known))
+        for item in imports:
             how = "by string " if item.by_string else ""
             head = item.target.split(".")[0]
             if head in OLD_TOP_LEVEL:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.layout.import_rules import SOURCE_ROOTS, module_files, violations
+from tests.layout.import_rules import COLLECTOR_ROOMS, SOURCE_ROOTS, import_cycles, module_files, violations
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -40,7 +40,8 @@ def _append(path: Path, text: str) -> None:
 @pytest.mark.parametrize(
     ("file", "line", "expected"),
     [
-        ("agent/shipping/client.py", "from jobsight.collector.store import db", "may not import jobsight.collector.store.db"),
+        ("agent/shipping/client.py", "from jobsight.collector.store import db",
+         "may not import jobsight.collector.store.db"),
         ("agent/training/logs.py", "import jobsight.dashboard.charts", "may not import jobsight.dashboard.charts"),
         ("collector/app.py", "from jobsight.agent.training import logs",
          "may not import jobsight.agent.training.logs"),
@@ -53,6 +54,21 @@ def _append(path: Path, text: str) -> None:
         ("dashboard/charts.py", "from agent.training import logs", "the old top-level name"),
         ("agent/slurm/hooks.py", "import httpx", "standard library only"),
         ("agent/node/host.py", "import pynvml", "only jobsight.agent.node.nvml imports pynvml"),
+        ("dashboard/charts.py", "from jobsight.collector.ingest import write",
+         "jobsight.dashboard.charts may not import jobsight.collector.ingest.write"),
+        # The rooms: an import that points up names the line, both modules and both rooms.
+        ("collector/store/db.py", "from jobsight.collector.query import series",
+         "jobsight.collector.store.db (store) may not import jobsight.collector.query.series (query)"),
+        ("collector/ingest/body.py", "from jobsight.collector.api.errors import error_answer",
+         "jobsight.collector.ingest.body (ingest) may not import jobsight.collector.api.errors (api)"),
+        ("collector/query/series.py", "def late() -> None:\n    from jobsight.collector.passes import findings",
+         "(query) may not import jobsight.collector.passes.findings (passes)"),
+        ("collector/config/tiers.py", '_LOG = "jobsight.collector.tiers.compaction"',
+         "(config) may not import jobsight.collector.tiers.compaction (tiers)"),
+        ("collector/passes/alerts.py", "from jobsight.collector.app import create_app",
+         "may not import the entry jobsight.collector.app"),
+        ("agent/node/host.py", "from jobsight.agent.training import logs",
+         "jobsight.agent.node.host (node) may not import jobsight.agent.training.logs (training)"),
     ],
 )
 def test_a_forbidden_import_is_reported(tree_copy: Path, file: str, line: str, expected: str) -> None:
@@ -60,3 +76,40 @@ def test_a_forbidden_import_is_reported(tree_copy: Path, file: str, line: str, e
     found = violations(tree_copy)
     assert len(found) == 1, found
     assert file in found[0] and expected in found[0], found
+
+
+def test_the_collector_is_all_rooms_but_its_entry() -> None:
+    outside = [module for module in module_files(REPO) if module.startswith("jobsight.collector.")
+               and module.split(".")[2] not in COLLECTOR_ROOMS]
+    assert outside == ["jobsight.collector.app"]
+
+
+def test_a_module_outside_the_rooms_is_reported(tree_copy: Path) -> None:
+    (tree_copy / "collector" / "helpers.py").write_text("X = 1\n")
+    found = violations(tree_copy)
+    assert found == ["collector/helpers.py:1: jobsight.collector.helpers is outside the rooms of jobsight.collector "
+                     "(config, store, tiers, jobs, ingest, query, passes, api)"]
+
+
+def test_the_tree_has_no_import_cycles() -> None:
+    assert import_cycles(REPO) == []
+
+
+@pytest.mark.parametrize(
+    ("file", "line", "cycle"),
+    [
+        # schema <- migrate already; one more arrow back makes a cycle within a room.
+        ("collector/store/schema.py", "from jobsight.collector.store import migrate",
+         ["jobsight.collector.store.migrate", "jobsight.collector.store.schema"]),
+        # Under TYPE_CHECKING it is a cycle all the same: a reader follows it round.
+        ("agent/training/step_timer.py",
+         "if TYPE_CHECKING:\n    from jobsight.agent.training.torch import TorchProfiler",
+         ["jobsight.agent.training.step_timer", "jobsight.agent.training.torch"]),
+        ("dashboard/identity.py", "from jobsight.dashboard import data",
+         ["jobsight.dashboard.data", "jobsight.dashboard.identity"]),
+    ],
+)
+def test_a_planted_cycle_is_found(tree_copy: Path, file: str, line: str, cycle: list[str]) -> None:
+    _append(tree_copy / file, line)
+    assert import_cycles(tree_copy) == [cycle]
+

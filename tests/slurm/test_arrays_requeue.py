@@ -25,7 +25,7 @@ import pytest
 from jobsight.agent.settings import AgentSettings
 from jobsight.agent.shipping.spool import Spool
 from jobsight.agent.slurm.hooks import HookSettings, run_hook, task_prolog_lines
-from jobsight.agent.slurm.job import job_id_from_env
+from jobsight.protocol.slurm_ids import job_id_from_env
 from jobsight.protocol.tokens import verify_token
 from tests.slurm.squeue_stub import squeue_stub
 from tests.slurm.test_e2e import E2E_DIR, Cluster, cluster, job_state  # noqa: F401 (the fixture)

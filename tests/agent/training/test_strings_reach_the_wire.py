@@ -25,9 +25,9 @@ import pytest
 
 from jobsight.agent.settings import AgentSettings
 from jobsight.agent.shipping.shipper import Shipper
+from jobsight.agent.traces.trace_packing import pack_trace
 from jobsight.agent.training.context import process_owner
 from jobsight.agent.training.logs import JobsightHandler
-from jobsight.agent.training.profiling import pack_trace
 from jobsight.agent.training.run_records import RunRecorder
 from jobsight.protocol import wire
 

@@ -12,7 +12,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from jobsight.agent.training.profile_sources import Source, SourceFinder
+from jobsight.agent.traces.profile_sources import Source, SourceFinder
 
 TOP_OPS: Final = 15
 MOST_CALLED: Final = 5

@@ -1,0 +1,79 @@
+"""Every pass a collector process runs on a timer, each in a daemon thread until the app stops.
+
+Housekeeping: partitions are made ahead and dropped past retention every hour; compaction's pass is started every
+``JOBSIGHT_COMPACT_INTERVAL_S``. Every collector process runs both: partition DDL is idempotent, and
+the compaction pass's advisory lock lets one process do the work at a time.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+from psycopg_pool import ConnectionPool
+
+from jobsight.collector.config.settings import CollectorSettings
+from jobsight.collector.passes import alerts
+from jobsight.collector.passes.findings import Evaluator
+from jobsight.collector.passes.reconcile import start_reconciler
+from jobsight.collector.store.db import Connection, autocommit_connection
+from jobsight.collector.store.partitions import PartitionKeeper
+from jobsight.collector.tiers import compaction
+
+log = logging.getLogger("jobsight.collector")
+
+MAINTENANCE_INTERVAL_S = 3600.0
+
+
+def maintain_partitions(pool: ConnectionPool[Connection], partitions: PartitionKeeper, settings: CollectorSettings,
+                        stop: threading.Event) -> None:
+    """Make partitions ahead and apply retention, hourly, until ``stop`` is set."""
+    while not stop.wait(MAINTENANCE_INTERVAL_S):
+        try:
+            with autocommit_connection(pool) as conn:
+                partitions.ensure_ahead(conn, settings.partitions_ahead_days)
+                partitions.drop_older_than(conn, settings.retention_days)
+        except Exception:  # boundary: maintenance must not kill the collector; next hour retries
+            log.exception("partition maintenance failed")
+
+
+def compact_on_timer(pool: ConnectionPool[Connection], partitions: PartitionKeeper, settings: CollectorSettings,
+                     stop: threading.Event) -> None:
+    """Pack the closed days of GPU samples every ``JOBSIGHT_COMPACT_INTERVAL_S`` until ``stop`` is set."""
+    tiers = settings.tiers
+    while not stop.wait(tiers.compact_interval_s):
+        try:
+            with autocommit_connection(pool) as conn:
+                compaction.run_pass(conn, partitions, older_than=tiers.older_than(),
+                                    packed_retention_days=tiers.packed_retention(settings.retention_days))
+        except Exception:  # boundary: a failed pass must not kill the collector; the next one retries
+            log.exception("compaction pass failed")
+
+
+def start_housekeeping(pool: ConnectionPool[Connection], partitions: PartitionKeeper, settings: CollectorSettings,
+                       stop: threading.Event) -> None:
+    """Both timers (compaction's only when its interval is not 0)."""
+    threading.Thread(target=maintain_partitions, args=(pool, partitions, settings, stop), name="jobsight-maintenance",
+                     daemon=True).start()
+    if settings.tiers.compact_interval_s > 0:
+        threading.Thread(target=compact_on_timer, args=(pool, partitions, settings, stop), name="jobsight-compaction",
+                         daemon=True).start()
+
+
+def start_passes(pool: ConnectionPool[Connection], partitions: PartitionKeeper, database_url: str,
+                 settings: CollectorSettings, stop: threading.Event) -> None:
+    """Every pass of this process, each in its daemon thread until ``stop`` is set: housekeeping,
+    the health evaluator (one process of the collector's leads; see passes/findings.py) with the
+    alert sender (every process; rows are claimed with SKIP LOCKED), and reconciliation with Slurm
+    (ends jobs whose epilog was never heard; passes/reconcile.py)."""
+    start_housekeeping(pool, partitions, settings, stop)
+    health, alert_settings = settings.health, settings.alerts
+    if health.interval_s > 0:
+        evaluator = Evaluator(
+            database_url, health,
+            lambda conn, finding, event, job: alerts.enqueue(conn, alert_settings, finding, event, job),
+        )
+        threading.Thread(target=evaluator.run, args=(stop,), name="jobsight-health", daemon=True).start()
+    sender = alerts.AlertSender(pool, alert_settings, settings.dashboard_url)
+    threading.Thread(target=sender.run, args=(stop,), name="jobsight-alerts", daemon=True).start()
+    start_reconciler(database_url, settings.reconcile, stop)
