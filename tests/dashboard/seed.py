@@ -136,7 +136,7 @@ def _running_job_series(conn: psycopg.Connection[Any], cluster: str, job: str, s
                                      diagnosis, trace_gz)
                VALUES (%s, %s, %s, 'n1', %s, %s, 'prof-1', 600, 610, %s, %s, %s)""",
             (cluster, job, start + dt.timedelta(seconds=611), rank, 1000 + rank,
-             # The shape agent/profiling.py uploads.
+             # The shape agent/training/profiling.py uploads.
              Jsonb({"ops_by_self_device": [{"name": "aten::mm", "self_device_us": 120e3, "calls": 40},
                                            {"name": "aten::copy_", "self_device_us": 45e3 + 30e3 * rank, "calls": 80}],
                     "breakdown": {"basis": "device", "window_us": 8e6, "compute_us": 4e6,

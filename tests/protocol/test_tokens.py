@@ -1,4 +1,4 @@
-"""Job and node tokens (agent/tokens.py): round trip, and every way a token is refused."""
+"""Job and node tokens (jobsight/protocol/tokens.py): round trip, and every way a token is refused."""
 
 from __future__ import annotations
 

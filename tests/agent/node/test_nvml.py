@@ -1,4 +1,4 @@
-"""agent/nvml.py against the real pynvml binding over the fake libnvidia-ml.so.1.
+"""agent/node/nvml.py against the real pynvml binding over the fake libnvidia-ml.so.1.
 
 NVML state is process-global, so every test closes its sampler (the fixture does
 it); the fake reads $FAKE_NVML_SCENARIO again at the next first nvmlInit.
