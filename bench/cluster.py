@@ -94,9 +94,15 @@ def plan(stack: Stack, nodes_max: int, nodes_per_job: int, trainers: int) -> Clu
         job = job_ids[index % len(job_ids)]
         node = jobs[job][index // len(job_ids) % len(jobs[job])]
         trainer_specs.append(TrainerSpec(f"train{index:03d}", job, node, index // len(job_ids),
-                                         mint_job_token(secret, CLUSTER, job, 86400),
+                                         mint_job_token(secret, CLUSTER, job, 86400, uid=job_uid(job_ids.index(job))),
                                          str(stack.work / "spool" / f"train{index:03d}")))
     return Cluster(nodes, trainer_specs, jobs)
+
+
+def job_uid(number: int) -> int:
+    """The uid job ``number`` runs as: its prolog record says so, and its trainers' job tokens are minted
+    for it (the collector refuses a job token of another uid)."""
+    return 20000 + number % 97
 
 
 def register_jobs(stack: Stack, jobs: dict[str, list[str]]) -> None:
@@ -107,7 +113,7 @@ def register_jobs(stack: Stack, jobs: dict[str, list[str]]) -> None:
     ts = now_us()
     for number, (job, nodes) in enumerate(jobs.items()):
         shipper.enqueue({"kind": "job_started", "job": job, "ts": ts, "node": nodes[0],
-                         "user": f"user{number % 97:02d}", "uid": 20000 + number % 97,
+                         "user": f"user{number % 97:02d}", "uid": job_uid(number),
                          "account": f"proj{number % 13:02d}", "partition": "gpu", "name": f"train-{number}",
                          "nodes": nodes, "node_count": len(nodes), "gpus": [str(i) for i in range(8)],
                          "time_limit_s": 86400})
