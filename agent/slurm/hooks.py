@@ -51,6 +51,7 @@ from jobsight.agent.slurm.job import (
 from jobsight.agent.slurm.sender import NET_TIMEOUT_S, HookSender, spool_dir
 from jobsight.agent.slurm.squeue import SQUEUE, ask_squeue
 from jobsight.protocol import wire
+from jobsight.protocol.json_safe import clip
 from jobsight.protocol.slurm_ids import job_id_from_env, slurm_job_id
 from jobsight.protocol.tokens import DEFAULT_SECRET_FILE, mint_job_token, mint_node_token, read_cluster_secret
 
@@ -150,7 +151,7 @@ def run_prolog(env: dict[str, str], settings: AgentSettings, hooks: HookSettings
     env = with_slurm_ids(env, fields)
     job = job_from_env(env, settings)
     time_limit = job_time_limit(env, fields)
-    name = job.name or fields.get("name")
+    name = _text(job.name or fields.get("name"))
     secret = read_secret(hooks.secret_file)
 
     token_file: str | None = None
@@ -176,14 +177,22 @@ def run_prolog(env: dict[str, str], settings: AgentSettings, hooks: HookSettings
     _prepare_kineto(settings, job)
 
     record = {
-        "kind": "job_started", "job": job.job_id, "ts": started_us, "node": job.node, "user": job.user,
-        "uid": job.uid, "account": job.account, "partition": job.partition, "name": name,
+        "kind": "job_started", "job": job.job_id, "ts": started_us, "node": job.node, "user": _text(job.user),
+        "uid": job.uid, "account": _text(job.account), "partition": _text(job.partition), "name": name,
         "nodes": job.nodes, "node_count": job.node_count, "gpus": [str(g) for g in job.gpus],
         "time_limit_s": time_limit, "run": job.restart_count,  # a requeued job's runs are kept apart
     }
     sender = HookSender(settings, _node_token(settings, secret, job.node), spool_dir(settings, env), deadline)
     sender.send(_source(settings, "prolog", job), [{k: v for k, v in record.items() if v is not None}])
     sender.replay()
+
+
+def _text(value: str | None) -> str | None:
+    """A value from the job's environment as the wire takes it. A user chooses their job's name (and,
+    where accounting does not enforce it, its account): bytes that are not UTF-8 reach Python as lone
+    surrogates, which the wire refuses, and the whole registration with them; they are kept, written
+    out as escapes."""
+    return (clip(value, wire.MAX_STRING) or None) if value else None
 
 
 def _prepare_kineto(settings: AgentSettings, job: SlurmJob) -> None:

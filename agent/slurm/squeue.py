@@ -86,7 +86,9 @@ def ask_squeue(job: str, squeue: str, timeout_s: float) -> dict[str, str]:
         log.warning("job %s: squeue --json printed %d bytes; not read", job, len(result.stdout))
         return {}
     try:
-        answer = json.loads(result.stdout)
+        # A job's name and comment are its user's bytes, not always UTF-8: read as what they are, so
+        # one bad byte in a name does not make Slurm's whole answer unreadable.
+        answer = json.loads(result.stdout.decode("utf-8", "replace"))
     except ValueError:
         log.warning("job %s: squeue --json printed no JSON (exit %d)", job, result.returncode)
         return {}

@@ -145,3 +145,18 @@ def test_a_jobs_own_gpu_samples_do_not_hide_its_idle_gpu(cluster: Cluster, attac
     kept = cluster.query("SELECT DISTINCT name, value FROM metrics WHERE job_id = %s AND name LIKE 'self-reported/%%'",
                          hostile)
     assert [(name.rsplit("/", 1)[1], value) for name, value in kept] == [("util_gpu", FORGED_UTIL)]
+
+
+def test_a_name_that_is_not_utf8_still_registers_the_job(cluster: Cluster) -> None:  # noqa: F811
+    """The name's bytes reach Slurm's answer (and the hooks' environment) as they are. One byte that is
+    not UTF-8 made ``squeue --json``'s whole answer unreadable, and the prolog lost what only Slurm knew
+    (the time limit, an array task's id, the name); the job is registered with all of it, the bytes
+    read as U+FFFD."""
+    jobs = UserJobs(ordinary_user())
+    name = b"bad\xff\xfe name".decode("utf-8", "surrogateescape")  # os.fsencode gives sbatch the raw bytes
+    job = jobs.submit(name, "sleep", "1")
+    assert jobs.wait(job) == ("COMPLETED", "0:0"), cluster.diagnostics()
+    cluster.wait_for(f"job {job} ended", lambda: bool(cluster.query(
+        "SELECT 1 FROM jobs WHERE job_id = %s AND end_time IS NOT NULL", job)))
+    row = cluster.query("SELECT user_name, uid, name, time_limit_s, state FROM jobs WHERE job_id = %s", job)
+    assert row == [(USER, jobs.user.pw_uid, "bad\ufffd\ufffd name", 300, "completed")], cluster.diagnostics()
