@@ -151,8 +151,10 @@ def find_command(name: str) -> str | None:
 def _run(argv: Sequence[str], timeout_s: float) -> str:
     env = {**os.environ, "SLURM_TIME_FORMAT": "%s"}
     try:
-        result = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout_s, env=env,
-                                stdin=subprocess.DEVNULL)
+        # A job's name is its user's bytes, not always UTF-8: read as U+FFFD, so that one user's job
+        # name cannot make every job's answer unreadable (docs/security.md, boundary 1).
+        result = subprocess.run(list(argv), capture_output=True, encoding="utf-8", errors="replace",
+                                timeout=timeout_s, env=env, stdin=subprocess.DEVNULL)
     except subprocess.TimeoutExpired as exc:
         raise SlurmCommandError(f"{argv[0]} gave no answer within {timeout_s:g} s") from exc
     except OSError as exc:
