@@ -1,7 +1,8 @@
 """Reconciliation reads Slurm's answers as text whatever bytes one user's job name holds: a name that
 is not UTF-8 made ``squeue --json`` unreadable as a whole, and the pass failed for every job of the
-cluster (docs/security.md, boundary 1); ``sacct`` goes through the same reader. Slurm's commands are scripts printing what
-Slurm 22.05 prints for such a name (the bytes as they are), as test_reconcile.py stands in for them."""
+cluster (docs/security.md, boundary 1); ``sacct`` goes through the same reader. Slurm's commands
+are scripts printing what Slurm 22.05 prints for such a name (the bytes as they are), as
+test_reconcile.py stands in for them."""
 
 from __future__ import annotations
 
