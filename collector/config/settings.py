@@ -7,7 +7,8 @@ Its own fields come from ``JOBSIGHT_*`` env vars and the ``[collector]`` table o
   in ``[collector]``;
 * ``health`` (:mod:`jobsight.collector.config.health`): ``JOBSIGHT_HEALTH_*``, ``[health]``;
 * ``alerts`` (:mod:`jobsight.collector.config.alerts`): ``JOBSIGHT_ALERTS_*``, ``[alerts]``;
-* ``reconcile`` (:mod:`jobsight.collector.config.reconcile`): ``JOBSIGHT_RECONCILE_*``, ``[reconcile]``.
+* ``reconcile`` (:mod:`jobsight.collector.config.reconcile`): ``JOBSIGHT_RECONCILE_*``, ``[reconcile]``;
+* ``actions`` (:mod:`jobsight.collector.config.actions`): ``JOBSIGHT_ACTIONS_*``, ``[actions]``.
 
 :func:`load_collector_settings` reads all of them before anything starts, and a bad value anywhere
 stops the start with one message naming every bad value (STYLE rule 2).
@@ -22,6 +23,7 @@ from typing import Any, ClassVar
 from pydantic import BaseModel, Field, ValidationError
 from pydantic_settings import SettingsConfigDict
 
+from jobsight.collector.config.actions import ActionSettings, load_action_settings
 from jobsight.collector.config.alerts import AlertSettings, load_alert_settings
 from jobsight.collector.config.health import HealthSettings, load_health_settings
 from jobsight.collector.config.reconcile import ReconcileSettings, load_reconcile_settings
@@ -95,6 +97,7 @@ class CollectorSettings(TomlTableSettings):
     health: HealthSettings = Field(default_factory=load_health_settings)
     alerts: AlertSettings = Field(default_factory=load_alert_settings)
     reconcile: ReconcileSettings = Field(default_factory=load_reconcile_settings)
+    actions: ActionSettings = Field(default_factory=load_action_settings)
 
     def resolved_admin_token_file(self) -> Path:
         return self.admin_token_file or self.data_dir / ADMIN_TOKEN_FILE
@@ -108,6 +111,7 @@ SECTIONS: dict[str, tuple[type[BaseModel], Callable[[], BaseModel]]] = {
     "health": (HealthSettings, load_health_settings),
     "alerts": (AlertSettings, load_alert_settings),
     "reconcile": (ReconcileSettings, load_reconcile_settings),
+    "actions": (ActionSettings, load_action_settings),
 }
 """Each section of :class:`CollectorSettings`, its type and how it is read."""
 

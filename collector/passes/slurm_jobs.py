@@ -148,7 +148,7 @@ def find_command(name: str) -> str | None:
     return shutil.which(name)
 
 
-def _run(argv: Sequence[str], timeout_s: float) -> str:
+def run_slurm_command(argv: Sequence[str], timeout_s: float) -> str:
     env = {**os.environ, "SLURM_TIME_FORMAT": "%s"}
     try:
         # A job's name is its user's bytes, not always UTF-8: read as U+FFFD, so that one user's job
@@ -170,7 +170,7 @@ def ask_sacct(sacct: str, job_ids: Sequence[str], timeout_s: float) -> dict[str,
     out: dict[str, SlurmRecord] = {}
     for start in range(0, len(job_ids), SACCT_CHUNK):
         chunk = job_ids[start:start + SACCT_CHUNK]
-        text = _run([sacct, "--noheader", "--parsable2", "--allocations", "-o", _SACCT_FIELDS,
+        text = run_slurm_command([sacct, "--noheader", "--parsable2", "--allocations", "-o", _SACCT_FIELDS,
                      "-j", ",".join(chunk)], timeout_s)
         out.update(parse_sacct(text))
     return out
@@ -178,4 +178,4 @@ def ask_sacct(sacct: str, job_ids: Sequence[str], timeout_s: float) -> dict[str,
 
 def ask_squeue(squeue: str, timeout_s: float) -> dict[str, SlurmRecord]:
     """Every job slurmctld still remembers (``MinJobAge`` after its end), in one call."""
-    return parse_squeue(_run([squeue, "--json", "--states=all"], timeout_s))
+    return parse_squeue(run_slurm_command([squeue, "--json", "--states=all"], timeout_s))

@@ -14,6 +14,7 @@ from psycopg_pool import ConnectionPool
 
 from jobsight.collector.config.settings import CollectorSettings
 from jobsight.collector.passes import alerts
+from jobsight.collector.passes.actions import ActionTimer
 from jobsight.collector.passes.findings import Evaluator
 from jobsight.collector.passes.reconcile import start_reconciler
 from jobsight.collector.store.db import Connection, autocommit_connection
@@ -77,3 +78,6 @@ def start_passes(pool: ConnectionPool[Connection], partitions: PartitionKeeper, 
     sender = alerts.AlertSender(pool, alert_settings, settings.dashboard_url)
     threading.Thread(target=sender.run, args=(stop,), name="jobsight-alerts", daemon=True).start()
     start_reconciler(database_url, settings.reconcile, stop)
+    if settings.actions.interval_s > 0 and settings.actions.policies:
+        threading.Thread(target=ActionTimer(database_url, settings.actions).run, args=(stop,), name="jobsight-actions",
+                         daemon=True).start()

@@ -392,6 +392,32 @@ findings = Table(
     Index(None, "state"),
 )
 
+
+# One row per step a waste policy took (or, dry, would have taken) for one open finding: warnings,
+# the action, an exemption, a held-back action (the hourly cap). Unique per finding, policy and step,
+# so a restarted pass neither repeats nor skips one (collector/passes/actions.py).
+actions = Table(
+    "actions",
+    metadata,
+    Column("id", BigInteger, Identity(), nullable=False),
+    Column("cluster", Text, nullable=False),
+    Column("job_id", Text, nullable=False),
+    Column("finding_id", BigInteger, nullable=False),
+    Column("policy", Text, nullable=False),
+    Column("rule", Text, nullable=False),
+    Column("step", Text, nullable=False),
+    Column("at", TS, nullable=False),
+    Column("dry_run", Boolean, nullable=False),
+    # recorded (a warning, an exemption, any dry step), pending (an action about to run), done,
+    # failed (the command said no; detail says why), held_back (over the hourly cap; tried again).
+    Column("outcome", Text, nullable=False),
+    Column("detail", Text, nullable=False, server_default=text("''")),
+    Column("evidence", JSONB, nullable=False),
+    PrimaryKeyConstraint("job_id", "id"),
+    Index("uq_actions_step", "job_id", "cluster", "finding_id", "policy", "step", unique=True),
+    Index(None, "at"),
+)
+
 # Alerts to send, written in the transaction that opens or resolves a finding (a transactional
 # outbox): a collector killed before sending finds the row after restart, and ``sent_at`` is set
 # once it went, so it is not sent twice. One row per finding, event and sink.

@@ -1,0 +1,179 @@
+"""The actions pass: what the site's waste policies do about open findings, one leader at a time.
+
+Every ``JOBSIGHT_ACTIONS_INTERVAL_S`` the leading process reads the open findings of running jobs
+that a policy acts on, with when each job's GPUs last sent a sample, decides each policy's due step
+(:mod:`jobsight.collector.passes.action_ladder`) and records it in ``actions``. An action that is
+not a dry run goes through Slurm: the reason is written to the job's ``AdminComment``
+(``scontrol update``), then ``scancel`` (or ``scontrol requeue``). At most
+``max_actions_per_hour`` actions run across the cluster in any hour; past that a due action is
+recorded as held back and tried again next pass.
+
+A step is recorded before its command runs (``pending``), so a process that dies in between retries
+it rather than skipping it, and a step recorded ``done`` is never taken again.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+import psycopg
+from psycopg.types.json import Jsonb
+
+from jobsight.collector.config.actions import ActionSettings, Policy
+from jobsight.collector.passes.action_ladder import ACT, EXEMPT, Candidate, JobFacts, due_step, exemption, reason
+from jobsight.collector.passes.leader import LeaderTimer
+from jobsight.collector.passes.slurm_jobs import SlurmCommandError, run_slurm_command
+
+log = logging.getLogger("jobsight.collector.passes.actions")
+
+ACTIONS_LOCK_KEY: Final = 0x6A6F6273_61637473 & 0x7FFFFFFFFFFFFFFF
+"""Session advisory lock held by the one acting process."""
+RETRIED: Final = ("pending", "held_back")
+"""Outcomes that leave a step to be taken again."""
+
+_CANDIDATES = """
+SELECT f.id AS finding_id, f.rule, f.opened_at, f.evidence, j.cluster, j.job_id, j.user_name, j.account,
+       j.partition, j.name,
+       (SELECT max(m.last_ts) FROM gpu_minutes m
+        WHERE m.job_id = j.job_id AND m.cluster = j.cluster AND m.ts >= %(now)s - %(recent)s) AS last_sample_at
+FROM findings f JOIN jobs j ON j.job_id = f.job_id AND j.cluster = f.cluster
+WHERE f.state = 'open' AND j.state = 'running' AND f.rule = ANY(%(rules)s)
+ORDER BY f.opened_at, f.id
+"""
+
+_DONE = """SELECT finding_id, policy, step FROM actions
+           WHERE finding_id = ANY(%(findings)s) AND outcome <> ALL(%(retried)s)"""
+
+_ACTED_LAST_HOUR = """SELECT count(*) AS n FROM actions
+                      WHERE step = 'act' AND NOT dry_run AND outcome IN ('pending', 'done', 'failed')
+                        AND at > %(now)s - interval '1 hour'"""
+
+_RECORD = """
+INSERT INTO actions (cluster, job_id, finding_id, policy, rule, step, at, dry_run, outcome, detail, evidence)
+VALUES (%(cluster)s, %(job_id)s, %(finding_id)s, %(policy)s, %(rule)s, %(step)s, %(at)s, %(dry_run)s,
+        %(outcome)s, %(detail)s, %(evidence)s)
+ON CONFLICT (job_id, cluster, finding_id, policy, step) DO UPDATE
+    SET at = EXCLUDED.at, outcome = EXCLUDED.outcome, detail = EXCLUDED.detail, evidence = EXCLUDED.evidence
+    WHERE actions.outcome = ANY(%(retried)s)
+RETURNING id
+"""
+
+
+@dataclass
+class ActionPass:
+    """What one pass did: steps recorded, by outcome."""
+
+    steps: list[tuple[str, str, str, str]] = field(default_factory=list)
+    """(job, policy, step, outcome)."""
+
+    def count(self, outcome: str) -> int:
+        return sum(1 for *_, done in self.steps if done == outcome)
+
+
+class WasteActions:
+    """The decisions and the commands of one pass, on a connection the caller holds."""
+
+    def __init__(self, settings: ActionSettings) -> None:
+        self.settings = settings
+        self.rules = sorted({policy.rule for policy in settings.policies})
+
+    def act_once(self, conn: psycopg.Connection[dict[str, Any]]) -> ActionPass:
+        result = ActionPass()
+        if not self.settings.policies:
+            return result
+        now: dt.datetime = conn.execute("SELECT now() AS now").fetchone()["now"]  # type: ignore[index]
+        recent = dt.timedelta(seconds=max(self.settings.stale_after_s, 3600))
+        rows = conn.execute(_CANDIDATES, {"now": now, "recent": recent, "rules": self.rules}).fetchall()
+        done = self._done(conn, [r["finding_id"] for r in rows])
+        acted = int(conn.execute(_ACTED_LAST_HOUR, {"now": now}).fetchone()["n"])  # type: ignore[index]
+        stale = dt.timedelta(seconds=self.settings.stale_after_s)
+        for row in rows:
+            candidate = _candidate(row)
+            for policy in self.settings.policies:
+                step = due_step(policy, candidate, done.get((candidate.finding_id, policy.name), set()), now, stale)
+                if step is None:
+                    continue
+                acts = step == ACT and not policy.dry_run and policy.action != "notify-only"
+                if acts and acted >= self.settings.max_actions_per_hour:
+                    outcome, detail = "held_back", f"over the cap of {self.settings.max_actions_per_hour} an hour"
+                elif acts:
+                    acted += 1
+                    outcome, detail = self._act(conn, row, policy, candidate, now)
+                else:
+                    outcome, detail = "recorded", _detail(policy, candidate, step, now)
+                self._record(conn, row, policy, step, now, outcome, detail)
+                result.steps.append((candidate.job.job_id, policy.name, step, outcome))
+        return result
+
+    def _done(self, conn: psycopg.Connection[dict[str, Any]],
+              findings: Sequence[int]) -> dict[tuple[int, str], set[str]]:
+        done: dict[tuple[int, str], set[str]] = {}
+        for r in conn.execute(_DONE, {"findings": list(findings), "retried": list(RETRIED)}).fetchall():
+            done.setdefault((r["finding_id"], r["policy"]), set()).add(r["step"])
+        return done
+
+    def _record(self, conn: psycopg.Connection[dict[str, Any]], row: dict[str, Any], policy: Policy, step: str,
+                now: dt.datetime, outcome: str, detail: str) -> None:
+        conn.execute(_RECORD, {
+            "cluster": row["cluster"], "job_id": row["job_id"], "finding_id": row["finding_id"],
+            "policy": policy.name, "rule": policy.rule, "step": step, "at": now, "dry_run": policy.dry_run,
+            "outcome": outcome, "detail": detail, "retried": list(RETRIED),
+            "evidence": Jsonb({"finding": row["evidence"], "opened_at": row["opened_at"].isoformat(),
+                               "last_sample_at": row["last_sample_at"].isoformat() if row["last_sample_at"] else None,
+                               "action": policy.action}),
+        })
+
+    def _act(self, conn: psycopg.Connection[dict[str, Any]], row: dict[str, Any], policy: Policy,
+             candidate: Candidate, now: dt.datetime) -> tuple[str, str]:
+        """Record the action as pending, then run it; its outcome and what Slurm said."""
+        said = reason(policy, candidate, now)
+        self._record(conn, row, policy, ACT, now, "pending", said)
+        job = candidate.job.job_id
+        timeout = self.settings.command_timeout_s
+        try:
+            # The reason first, where `scontrol show job` and sacct show it; a failure here does not stop
+            # the action (an old Slurm, a field this site has turned off).
+            run_slurm_command([self.settings.scontrol, "update", f"JobId={job}", f"AdminComment={said}"], timeout)
+        except SlurmCommandError as exc:
+            log.warning("actions: could not write the reason on job %r: %s", job, exc)
+        try:
+            if policy.action == "cancel":
+                run_slurm_command([self.settings.scancel, job], timeout)
+            else:
+                run_slurm_command([self.settings.scontrol, "requeue", job], timeout)
+        except SlurmCommandError as exc:
+            return "failed", f"{said}; {exc}"
+        log.info("actions: %s job %r (%s)", "cancelled" if policy.action == "cancel" else "requeued", job, said)
+        return "done", said
+
+
+def _detail(policy: Policy, candidate: Candidate, step: str, now: dt.datetime) -> str:
+    """What a recorded step says: why the job is exempt, or the reason the ladder gives."""
+    return (exemption(policy, candidate.job) or "") if step == EXEMPT else reason(policy, candidate, now)
+
+
+def _candidate(row: dict[str, Any]) -> Candidate:
+    facts = JobFacts(job_id=row["job_id"], user=row["user_name"], account=row["account"], partition=row["partition"],
+                     name=row["name"])
+    return Candidate(row["finding_id"], row["rule"], row["opened_at"], row["last_sample_at"], facts)
+
+
+class ActionTimer(LeaderTimer[ActionPass]):
+    """The timer: acts while this process leads (:data:`ACTIONS_LOCK_KEY`)."""
+
+    def __init__(self, database_url: str, settings: ActionSettings) -> None:
+        super().__init__(database_url, ACTIONS_LOCK_KEY, "actions", settings.interval_s)
+        self.actions = WasteActions(settings)
+
+    def work(self, conn: psycopg.Connection[dict[str, Any]]) -> ActionPass:
+        return self.actions.act_once(conn)
+
+    def describe(self, result: ActionPass) -> str | None:
+        if not result.steps:
+            return None
+        outcomes = sorted({outcome for *_, outcome in result.steps})
+        return ", ".join(f"{result.count(outcome)} {outcome}" for outcome in outcomes)
