@@ -181,6 +181,9 @@ def run_prolog(env: dict[str, str], settings: AgentSettings, hooks: HookSettings
         "uid": job.uid, "account": _text(job.account), "partition": _text(job.partition), "name": name,
         "nodes": job.nodes, "node_count": job.node_count, "gpus": [str(g) for g in job.gpus],
         "time_limit_s": time_limit, "run": job.restart_count,  # a requeued job's runs are kept apart
+        # What waste policies exempt by (collector/passes/actions.py), from Slurm's own answer.
+        "qos": fields.get("qos"), "comment": fields.get("comment"),
+        "batch": {"true": True, "false": False}.get(fields.get("batch", "")),
     }
     sender = HookSender(settings, _node_token(settings, secret, job.node), spool_dir(settings, env), deadline)
     sender.send(_source(settings, "prolog", job), [{k: v for k, v in record.items() if v is not None}])

@@ -35,7 +35,8 @@ def job_fields(answer: Any, job: str) -> dict[str, str]:
 
     Keys, each only when Slurm gave it: ``time_limit`` (minutes), ``name``, ``job_state``,
     ``reason``, ``exit_code`` (``exit:signal``), ``restarts``, ``array_job_id``,
-    ``array_task_id``, ``het_job_id``, ``user_id``.
+    ``array_task_id``, ``het_job_id``, ``user_id``, ``batch`` (``true`` for a job with a batch script,
+    ``false`` for ``salloc``/``srun --pty``), ``qos``, ``comment``.
     """
     jobs = answer.get("jobs") if isinstance(answer, dict) else None
     if not isinstance(jobs, list) or not job.isdigit():
@@ -61,7 +62,10 @@ def job_fields(answer: Any, job: str) -> dict[str, str]:
     base = state(found.get("job_state"))
     if base:
         fields["job_state"] = base
-    for key, name in (("reason", "state_reason"), ("name", "name")):
+    batch = found.get("batch_flag")
+    if isinstance(batch, bool):
+        fields["batch"] = "true" if batch else "false"
+    for key, name in (("reason", "state_reason"), ("name", "name"), ("qos", "qos"), ("comment", "comment")):
         text = found.get(name)
         if isinstance(text, str) and text:
             fields[key] = text

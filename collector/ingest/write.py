@@ -216,6 +216,8 @@ def _job_started(conn: Connection, cluster: str, r: dict[str, Any]) -> None:
         """UPDATE jobs SET user_name = coalesce(%(user)s, user_name), uid = coalesce(%(uid)s, uid),
                account = coalesce(%(account)s, account), partition = coalesce(%(partition)s, partition),
                name = coalesce(%(name)s, name), node_count = coalesce(%(node_count)s, node_count),
+               qos = coalesce(%(qos)s, qos), comment = coalesce(%(comment)s, comment),
+               batch = coalesce(%(batch)s, batch),
                time_limit_s = coalesce(%(time_limit_s)s, time_limit_s), demo = demo OR %(demo)s,
                attrs = coalesce(attrs, '{}'::jsonb) || coalesce(%(attrs)s, '{}'::jsonb),
                nodes = CASE
@@ -244,6 +246,9 @@ def _job_started(conn: Connection, cluster: str, r: dict[str, Any]) -> None:
             "account": r.get("account"),
             "partition": r.get("partition"),
             "name": r.get("name"),
+            "qos": r.get("qos"),
+            "comment": r.get("comment"),
+            "batch": r.get("batch"),
             "node_count": r.get("node_count"),
             "time_limit_s": r.get("time_limit_s"),
             "demo": bool(r.get("demo")),

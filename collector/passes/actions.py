@@ -37,7 +37,7 @@ RETRIED: Final = ("pending", "held_back")
 
 _CANDIDATES = """
 SELECT f.id AS finding_id, f.rule, f.opened_at, f.evidence, j.cluster, j.job_id, j.user_name, j.account,
-       j.partition, j.name,
+       j.partition, j.name, j.qos, j.comment, j.batch,
        (SELECT max(m.last_ts) FROM gpu_minutes m
         WHERE m.job_id = j.job_id AND m.cluster = j.cluster AND m.ts >= %(now)s - %(recent)s) AS last_sample_at
 FROM findings f JOIN jobs j ON j.job_id = f.job_id AND j.cluster = f.cluster
@@ -158,7 +158,7 @@ def _detail(policy: Policy, candidate: Candidate, step: str, now: dt.datetime) -
 
 def _candidate(row: dict[str, Any]) -> Candidate:
     facts = JobFacts(job_id=row["job_id"], user=row["user_name"], account=row["account"], partition=row["partition"],
-                     name=row["name"])
+                     name=row["name"], qos=row["qos"], comment=row["comment"], batch=row["batch"])
     return Candidate(row["finding_id"], row["rule"], row["opened_at"], row["last_sample_at"], facts)
 
 

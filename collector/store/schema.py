@@ -83,6 +83,10 @@ jobs = Table(
     # A requeued job's latest run (Slurm's restart count) and its start; NULL: run 0, from start_time.
     Column("run", Integer, nullable=False, server_default=text("0")),
     Column("run_start", TS),
+    # From the prolog's squeue --json (job tokens cannot set them): what waste policies exempt by.
+    Column("qos", Text),
+    Column("comment", Text),
+    Column("batch", Boolean),
     PrimaryKeyConstraint("cluster", "job_id"),
     Index(None, "state"),
     Index(None, "user_name"),

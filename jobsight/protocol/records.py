@@ -263,6 +263,12 @@ class JobStarted:
     run: Int4 | None = None
     """Which run of a requeued job this is (Slurm's ``SLURM_JOB_RESTART_COUNT``: 0, then 1, ...);
     a higher run than the job's starts a new one. ``None`` (run metadata): the job's current run."""
+    qos: str | None = None
+    """Slurm's QOS of the job (the prolog's, from ``squeue --json``)."""
+    comment: str | None = None
+    """The job's Slurm comment, as its user wrote it: data, matched by the site's exemption word only."""
+    batch: bool | None = None
+    """``False`` for a job Slurm runs without a batch script (``salloc``, ``srun --pty``): interactive."""
 
 
 @dataclass(kw_only=True)

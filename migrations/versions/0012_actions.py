@@ -5,7 +5,8 @@ Revises: 0011
 Create Date: 2026-11-24
 
 ``actions``: each warning, action, exemption or held-back action of a policy (collector/passes/actions.py),
-one row per (finding, policy, step), dry runs included.
+one row per (finding, policy, step), dry runs included; and the job's QOS, comment and batch flag
+(the prolog's, from ``squeue --json``), which policies exempt by.
 """
 
 from __future__ import annotations
@@ -21,6 +22,9 @@ depends_on = None
 
 
 def upgrade() -> None:
+    op.add_column("jobs", sa.Column("qos", sa.Text(), nullable=True))
+    op.add_column("jobs", sa.Column("comment", sa.Text(), nullable=True))
+    op.add_column("jobs", sa.Column("batch", sa.Boolean(), nullable=True))
     op.create_table(
         "actions",
         sa.Column("id", sa.BigInteger(), sa.Identity(), nullable=False),
@@ -43,3 +47,5 @@ def upgrade() -> None:
 
 def downgrade() -> None:
     op.drop_table("actions")
+    for column in ("batch", "comment", "qos"):
+        op.drop_column("jobs", column)

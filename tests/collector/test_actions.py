@@ -157,3 +157,20 @@ def test_the_api_shows_a_job_its_steps_and_admins_every_job(client: Any, conn: p
     everyone = client.get("/v1/actions", params={"user": "alice", "step": "warn"}).json()
     assert job in {a["job_id"] for a in everyone["actions"]} and everyone["total"] >= 1
     assert client.get("/v1/actions", params={"step": "delete"}).status_code == 422
+
+
+def test_an_interactive_job_is_exempt_by_slurms_batch_flag(client: Any, conn: psycopg.Connection[dict[str, Any]],
+                                                           slurm: tuple[Path, Path]) -> None:
+    folder, calls = slurm
+    job = idle_job(client, conn, idle_minutes=200)
+    facts = {"kind": "job_started", "job": job, "ts": now_us(), "node": "n1", "batch": False, "qos": "normal",
+             "comment": "salloc session"}
+    assert post(client, gz([facts])).status_code == 200
+    row = conn.execute("SELECT batch, qos, comment FROM jobs WHERE job_id = %s", (job,)).fetchone()
+    assert row == {"batch": False, "qos": "normal", "comment": "salloc session"}
+    actions = WasteActions(settings(folder))
+    for _ in range(3):
+        actions.act_once(conn)
+    assert steps(conn, job) == [("exempt", "recorded", False)] and calls_for(calls, job) == []
+    detail = conn.execute("SELECT detail FROM actions WHERE job_id = %s", (job,)).fetchone()
+    assert detail == {"detail": "interactive (no batch script)"}
