@@ -182,7 +182,7 @@ def run_prolog(env: dict[str, str], settings: AgentSettings, hooks: HookSettings
         "nodes": job.nodes, "node_count": job.node_count, "gpus": [str(g) for g in job.gpus],
         "time_limit_s": time_limit, "run": job.restart_count,  # a requeued job's runs are kept apart
         # What waste policies exempt by (collector/passes/actions.py), from Slurm's own answer.
-        "qos": fields.get("qos"), "comment": fields.get("comment"),
+        "qos": _text(fields.get("qos")), "comment": _text(fields.get("comment")),
         "batch": {"true": True, "false": False}.get(fields.get("batch", "")),
     }
     sender = HookSender(settings, _node_token(settings, secret, job.node), spool_dir(settings, env), deadline)
