@@ -62,6 +62,8 @@ ON CONFLICT (job_id, cluster, finding_id, policy, step) DO UPDATE
 RETURNING id
 """
 
+_END_REASON = "UPDATE jobs SET end_reason = %(reason)s WHERE job_id = %(job_id)s AND cluster = %(cluster)s"
+
 
 @dataclass
 class ActionPass:
@@ -148,6 +150,9 @@ class WasteActions:
         except SlurmCommandError as exc:
             return "failed", f"{said}; {exc}"
         log.info("actions: %s job %r (%s)", "cancelled" if policy.action == "cancel" else "requeued", job, said)
+        if policy.action == "cancel":
+            # Slurm's end state stays Slurm's (the epilog and reconciliation write CANCELLED); this says why.
+            conn.execute(_END_REASON, {"reason": said, "job_id": job, "cluster": row["cluster"]})
         return "done", said
 
 

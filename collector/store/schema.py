@@ -87,6 +87,9 @@ jobs = Table(
     Column("qos", Text),
     Column("comment", Text),
     Column("batch", Boolean),
+    # Why jobsight ended the job ("jobsight: GPUs idle 2 h (policy gpu-idle)"), set by the actions pass
+    # when its scancel or requeue went through: shown beside Slurm's end state on the page and in reports.
+    Column("end_reason", Text),
     PrimaryKeyConstraint("cluster", "job_id"),
     Index(None, "state"),
     Index(None, "user_name"),
@@ -420,6 +423,33 @@ actions = Table(
     PrimaryKeyConstraint("job_id", "id"),
     Index("uq_actions_step", "job_id", "cluster", "finding_id", "policy", "step", unique=True),
     Index(None, "at"),
+)
+
+# Messages to people that are not findings' alerts: a waste policy's warnings and actions, a job's
+# end-of-job summary, the periodic reports per user and per account sponsor (collector/passes/notices.py).
+# Composed when enqueued (``title`` and ``lines``, a JSON list of lines, each a list of text pieces and
+# ``{"link": url}``), sent by the notice sender with the alerts' retries. ``key`` makes a second enqueue
+# of the same notice a no-op; ``job_id`` is '' for a periodic report (it is about many jobs).
+notices = Table(
+    "notices",
+    metadata,
+    Column("id", BigInteger, Identity(), nullable=False),
+    Column("cluster", Text, nullable=False),
+    Column("job_id", Text, nullable=False),
+    Column("kind", Text, nullable=False),
+    Column("sink", Text, nullable=False),
+    Column("key", Text, nullable=False),
+    Column("title", Text, nullable=False),
+    Column("lines", JSONB, nullable=False),
+    Column("notify_type", Text, nullable=False, server_default=text("'info'")),
+    Column("created_at", TS, nullable=False, server_default=text("now()")),
+    Column("next_try_at", TS, nullable=False, server_default=text("now()")),
+    Column("attempts", Integer, nullable=False, server_default=text("0")),
+    Column("sent_at", TS),
+    Column("last_error", Text),
+    PrimaryKeyConstraint("job_id", "id"),
+    Index("uq_notices_key", "job_id", "key", "sink", unique=True),
+    Index("ix_notices_unsent", "next_try_at", postgresql_where=text("sent_at IS NULL")),
 )
 
 # Alerts to send, written in the transaction that opens or resolves a finding (a transactional
