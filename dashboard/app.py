@@ -1,7 +1,7 @@
 """jobsight dashboard: the entry point ``jobsight up`` runs with ``streamlit run``.
 
-It checks settings and identity once per rerun, then hands over to the page; the audit
-and Attention pages are registered only for admins. Every page has its own address
+It checks settings and identity once per rerun, then hands over to the page; the audit,
+Attention and Actions pages are registered only for admins. Every page has its own address
 (:mod:`jobsight.protocol.links`): the root address forwards to ``/jobs``.
 """
 
@@ -18,6 +18,9 @@ from jobsight.dashboard.settings import dashboard_settings
 from jobsight.protocol import links
 
 PAGES = Path(__file__).resolve().parent / "views"
+# The Actions page's address. Not in jobsight.protocol.links: nothing outside the dashboard links to it yet;
+# it belongs there, beside AUDIT_PAGE, once an alert or a report does.
+ACTIONS_PAGE = "actions"
 
 st.set_page_config(page_title="jobsight", layout="wide")
 
@@ -47,6 +50,7 @@ if viewer.is_admin:
     pages.append(st.Page(PAGES / "audit.py", title="Audit", icon=":material/fact_check:", url_path=links.AUDIT_PAGE))
     pages.append(st.Page(PAGES / "attention.py", title="Attention", icon=":material/notification_important:",
                          url_path=links.ATTENTION_PAGE))
+    pages.append(st.Page(PAGES / "actions.py", title="Actions", icon=":material/gavel:", url_path=ACTIONS_PAGE))
 
 with st.sidebar:
     st.caption(f"Signed in as **{plain(viewer.name)}**" + (" (admin)" if viewer.is_admin else ""))

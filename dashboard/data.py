@@ -18,6 +18,7 @@ import pandas as pd
 import streamlit as st
 from psycopg_pool import ConnectionPool
 
+from jobsight.collector.query import actions as action_queries
 from jobsight.collector.query import audit as audit_queries
 from jobsight.collector.query import epoch_energy
 from jobsight.collector.query import findings as finding_queries
@@ -248,6 +249,62 @@ def audit(viewer: Viewer, start: dt.datetime, end: dt.datetime, *, cluster: str 
     """Totals, GPU-hours by user/account/partition, idle and low-use jobs, daily trend."""
     _admin_only(viewer)
     return _audit(start, end, cluster, low_util_percent, idle_util_percent)
+
+
+# ---- waste policies' steps ----------------------------------------------------------------------
+
+@st.cache_data(ttl=TTL, show_spinner=False)
+def _job_actions(cluster: str, job_id: str) -> list[dict[str, Any]]:
+    return _read(action_queries.job_actions, cluster, job_id)
+
+
+def job_actions(ref: JobRef) -> list[dict[str, Any]]:
+    """The steps waste policies took for the job, oldest first (its owner sees them: they are about
+    their job, and warned them)."""
+    return _job_actions(ref.cluster, ref.job_id)
+
+
+ACTIONS_LIMIT = 1000
+"""Steps the Actions page lists at most, the newest first."""
+ACTION_COLUMNS = ("id", "cluster", "job_id", "finding_id", "policy", "rule", "step", "at", "dry_run", "outcome",
+                  "detail", "evidence", "user_name", "account", "partition", "job_name")
+COUNT_COLUMNS = ("name", "jobs", "warnings", "cancelled", "requeued", "dry_run", "notify_only", "held_back", "failed",
+                 "exempt")
+
+
+def _admin_actions(viewer: Viewer) -> None:
+    if not viewer.is_admin:
+        raise PermissionError("the actions across jobs are for admins")
+
+
+@st.cache_data(ttl=TTL, show_spinner=False)
+def _actions(filters: tuple[tuple[str, Any], ...], limit: int) -> tuple[pd.DataFrame, int]:
+    rows, total = _read(action_queries.list_actions, limit=limit, **dict(filters))
+    return _frame(rows, ACTION_COLUMNS), total
+
+
+def actions(viewer: Viewer, *, cluster: str | None, user: str | None = None, account: str | None = None,
+            step: str | None = None, outcome: str | None = None, since: dt.datetime | None = None,
+            limit: int = ACTIONS_LIMIT) -> tuple[pd.DataFrame, int]:
+    """Every job's steps matching the filters, newest first, with the job's user, account, partition
+    and name; and how many match in all."""
+    _admin_actions(viewer)
+    filters = (("cluster", cluster), ("user", user), ("account", account), ("step", step), ("outcome", outcome),
+               ("since", since))
+    return _actions(filters, limit)
+
+
+@st.cache_data(ttl=TTL, show_spinner=False)
+def _action_counts(group: str, filters: tuple[tuple[str, Any], ...]) -> pd.DataFrame:
+    return _frame(_read(action_queries.action_counts, group, **dict(filters)), COUNT_COLUMNS)
+
+
+def action_counts(viewer: Viewer, group: str, *, cluster: str | None, user: str | None = None,
+                  account: str | None = None, since: dt.datetime | None = None) -> pd.DataFrame:
+    """Per user (``group="user_name"``) or account, the jobs with steps and each kind of step's count
+    (:func:`jobsight.collector.query.actions.action_counts`)."""
+    _admin_actions(viewer)
+    return _action_counts(group, (("cluster", cluster), ("user", user), ("account", account), ("since", since)))
 
 
 # ---- energy per epoch (takes a JobRef) -------------------------------------------------------

@@ -37,6 +37,10 @@ USER_SINK_PREFIX = "user:"
 cannot contain a colon, so the two never collide."""
 
 _SINK_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+_PLAIN_USER = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}$")
+"""A user name put into ``user_address_template``: a POSIX-portable name, nothing that could add a
+recipient or a parameter to the URL (``&to=``, ``,``, ``@``, ``/``)."""
+USER_PLACEHOLDER = "{user}"
 
 # Apprise's own log lines name hosts and, for a URL it cannot parse, the whole URL: they never
 # reach the collector's log (see quiet_apprise_logging).
@@ -126,6 +130,10 @@ class AlertSettings(TomlTableSettings):
     """Also tell a job's own user, at their address in ``user_addresses`` (users not there: not told)."""
     user_addresses: dict[str, SecretStr] = Field(default_factory=dict)
     """User name -> Apprise URL (``mailtos://…?to=alice@example.org``); never logged."""
+    user_address_template: SecretStr | None = None
+    """An Apprise URL with ``{user}`` where the user name goes (``mailto://smtp.example.org?from=hpc@example.org
+    &to={user}@example.org``), for users not in ``user_addresses``: sites where every user has a mailbox by
+    name. Only plain user names are put in (letters, digits, ``_.-``); never logged."""
     group_window_s: float = Field(60.0, ge=0, le=86400)
     """A sink gets at most one message per window: what comes due meanwhile goes as one message
     when the window ends; the first alert to a quiet sink goes at once."""
@@ -156,6 +164,18 @@ class AlertSettings(TomlTableSettings):
                 raise ValueError(f"the address of user {user!r} is not an Apprise URL this installation can send to")
         return addresses
 
+    @field_validator("user_address_template")
+    @classmethod
+    def _usable_template(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is None:
+            return None
+        template = value.get_secret_value()
+        if USER_PLACEHOLDER not in template:
+            raise ValueError("must hold {user} where the user name goes")
+        if not apprise_url_is_known(template.replace(USER_PLACEHOLDER, "someone")):
+            raise ValueError("is not an Apprise URL this installation can send to, with a user name put in")
+        return value
+
     @field_validator("retry_max_s")
     @classmethod
     def _max_not_below_base(cls, value: float, info: ValidationInfo) -> float:
@@ -164,14 +184,36 @@ class AlertSettings(TomlTableSettings):
             raise ValueError("must be at least retry_base_s")
         return value
 
+    def address_of(self, user_name: str | None) -> SecretStr | None:
+        """Where ``user_name`` is reached: their entry in ``user_addresses``, else the template with their
+        name put in (a plain name only); ``None`` when neither gives one."""
+        if not user_name:
+            return None
+        if user_name in self.user_addresses:
+            return self.user_addresses[user_name]
+        if self.user_address_template is not None and _PLAIN_USER.match(user_name):
+            return SecretStr(self.user_address_template.get_secret_value().replace(USER_PLACEHOLDER, user_name))
+        return None
+
     def user_sink(self, user_name: str | None) -> str | None:
         """The outbox sink name for ``user_name``'s own alerts; ``None`` when they are not told."""
-        if self.notify_users and user_name and user_name in self.user_addresses:
+        if self.notify_users and user_name and self.address_of(user_name) is not None:
             return USER_SINK_PREFIX + user_name
         return None
 
+    def url_of(self, sink: str) -> SecretStr | None:
+        """The URL of an outbox sink name: a configured sink's, or ``user:<name>``'s address."""
+        if sink.startswith(USER_SINK_PREFIX):
+            return self.address_of(sink[len(USER_SINK_PREFIX):])
+        return next((configured.url for configured in self.sinks if configured.name == sink), None)
+
+    def can_send(self) -> bool:
+        """Whether any alert can go anywhere (a sink, a user's address, the address template)."""
+        return bool(self.sinks) or (self.notify_users and bool(self.user_addresses or self.user_address_template))
+
     def sink_urls(self) -> dict[str, SecretStr]:
-        """Every outbox sink name this configuration can send to, with its URL."""
+        """Every outbox sink name this configuration can name in advance, with its URL (the template's
+        users are not listed: :meth:`url_of` resolves them)."""
         urls = {sink.name: sink.url for sink in self.sinks}
         if self.notify_users:
             urls.update({USER_SINK_PREFIX + user: url for user, url in self.user_addresses.items()})

@@ -102,10 +102,10 @@ def duration_words(seconds: float) -> str:
     return f"{hours:.0f} h" if abs(hours - round(hours)) < 0.05 else f"{hours:.1f} h"
 
 
-_WHAT: Final = {"idle_allocation": "GPUs idle", "low_utilisation": "GPUs under-used", "hung_rank": "a rank hung"}
+WHAT: Final = {"idle_allocation": "GPUs idle", "low_utilisation": "GPUs under-used", "hung_rank": "a rank hung"}
 
 
 def reason(policy: Policy, candidate: Candidate, now: dt.datetime) -> str:
     """The reason written where the user sees it: ``jobsight: GPUs idle 2 h (policy gpu-idle)``."""
     elapsed = (now - candidate.opened_at).total_seconds()
-    return f"jobsight: {_WHAT.get(candidate.rule, candidate.rule)} {duration_words(elapsed)} (policy {policy.name})"
+    return f"jobsight: {WHAT.get(candidate.rule, candidate.rule)} {duration_words(elapsed)} (policy {policy.name})"

@@ -24,7 +24,20 @@ import psycopg
 from psycopg.types.json import Jsonb
 
 from jobsight.collector.config.actions import ActionSettings, Policy
-from jobsight.collector.passes.action_ladder import ACT, EXEMPT, Candidate, JobFacts, due_step, exemption, reason
+from jobsight.collector.config.alerts import AlertSettings
+from jobsight.collector.passes import notice_messages, notices
+from jobsight.collector.passes.action_ladder import (
+    ACT,
+    EXEMPT,
+    WARN,
+    WARN_AGAIN,
+    WHAT,
+    Candidate,
+    JobFacts,
+    due_step,
+    exemption,
+    reason,
+)
 from jobsight.collector.passes.leader import LeaderTimer
 from jobsight.collector.passes.slurm_jobs import SlurmCommandError, run_slurm_command
 
@@ -36,8 +49,8 @@ RETRIED: Final = ("pending", "held_back")
 """Outcomes that leave a step to be taken again."""
 
 _CANDIDATES = """
-SELECT f.id AS finding_id, f.rule, f.opened_at, f.evidence, j.cluster, j.job_id, j.user_name, j.account,
-       j.partition, j.name, j.qos, j.comment, j.batch,
+SELECT f.id AS finding_id, f.rule, f.opened_at, f.evidence, f.message AS finding_message,
+       j.cluster, j.job_id, j.user_name, j.account, j.partition, j.name, j.qos, j.comment, j.batch,
        (SELECT max(m.last_ts) FROM gpu_minutes m
         WHERE m.job_id = j.job_id AND m.cluster = j.cluster AND m.ts >= %(now)s - %(recent)s) AS last_sample_at
 FROM findings f JOIN jobs j ON j.job_id = f.job_id AND j.cluster = f.cluster
@@ -76,11 +89,40 @@ class ActionPass:
         return sum(1 for *_, done in self.steps if done == outcome)
 
 
-class WasteActions:
-    """The decisions and the commands of one pass, on a connection the caller holds."""
+@dataclass(frozen=True)
+class Notify:
+    """Who hears of a step: the job's user, where the alerts' settings give them an address."""
 
-    def __init__(self, settings: ActionSettings) -> None:
+    alerts: AlertSettings
+    dashboard_url: str | None = None
+
+    def step(self, conn: psycopg.Connection[dict[str, Any]], row: dict[str, Any], policy: Policy, step: str,
+             now: dt.datetime, detail: str) -> None:
+        """The user's notice of a warning or a done action, in the caller's transaction (none for dry runs)."""
+        if policy.dry_run or step not in (WARN, WARN_AGAIN, ACT):
+            return
+        job = {"cluster": row["cluster"], "job_id": row["job_id"], "name": row["name"], "partition": row["partition"]}
+        if step == ACT:
+            kind, message = "action", notice_messages.acted(job, action=policy.action, reason=detail,
+                                                           dashboard_url=self.dashboard_url)
+        else:
+            act_at = row["opened_at"] + dt.timedelta(seconds=policy.act_after_s)
+            kind, message = "warning", notice_messages.warning(
+                job, policy=policy.name, action=policy.action, step=step, what=WHAT.get(policy.rule, policy.rule),
+                idle_s=(now - row["opened_at"]).total_seconds(), act_at=act_at,
+                finding_message=row.get("finding_message"), dashboard_url=self.dashboard_url)
+        notices.enqueue(conn, cluster=row["cluster"], job_id=row["job_id"], kind=kind,
+                        sinks=[notices.user_sink(self.alerts, row["user_name"])],
+                        key=f"{policy.name}:{row['finding_id']}:{step}", message=message)
+
+
+class WasteActions:
+    """The decisions and the commands of one pass, on a connection the caller holds; ``notify`` (when
+    given) tells the job's user of each warning and action."""
+
+    def __init__(self, settings: ActionSettings, notify: Notify | None = None) -> None:
         self.settings = settings
+        self.notify = notify
         self.rules = sorted({policy.rule for policy in settings.policies})
 
     def act_once(self, conn: psycopg.Connection[dict[str, Any]]) -> ActionPass:
@@ -107,7 +149,10 @@ class WasteActions:
                     outcome, detail = self._act(conn, row, policy, candidate, now)
                 else:
                     outcome, detail = "recorded", _detail(policy, candidate, step, now)
-                self._record(conn, row, policy, step, now, outcome, detail)
+                with conn.transaction():  # the step and its notice together, or neither
+                    self._record(conn, row, policy, step, now, outcome, detail)
+                    if self.notify is not None and outcome in ("recorded", "done"):
+                        self.notify.step(conn, row, policy, step, now, detail)
                 result.steps.append((candidate.job.job_id, policy.name, step, outcome))
         return result
 
@@ -170,9 +215,9 @@ def _candidate(row: dict[str, Any]) -> Candidate:
 class ActionTimer(LeaderTimer[ActionPass]):
     """The timer: acts while this process leads (:data:`ACTIONS_LOCK_KEY`)."""
 
-    def __init__(self, database_url: str, settings: ActionSettings) -> None:
+    def __init__(self, database_url: str, settings: ActionSettings, notify: Notify | None = None) -> None:
         super().__init__(database_url, ACTIONS_LOCK_KEY, "actions", settings.interval_s)
-        self.actions = WasteActions(settings)
+        self.actions = WasteActions(settings, notify)
 
     def work(self, conn: psycopg.Connection[dict[str, Any]]) -> ActionPass:
         return self.actions.act_once(conn)

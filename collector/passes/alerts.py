@@ -47,7 +47,7 @@ ON CONFLICT (job_id, finding_id, event, sink) DO NOTHING
 # Reads the partial index of unsent rows; rows past max_attempts were given up.
 _DUE_SINKS = """
 SELECT DISTINCT sink FROM alert_outbox
-WHERE sent_at IS NULL AND next_try_at <= now() AND attempts < %(max_attempts)s AND sink = ANY(%(sinks)s)
+WHERE sent_at IS NULL AND next_try_at <= now() AND attempts < %(max_attempts)s
 """
 
 _SENT_IN_WINDOW = """
@@ -135,13 +135,14 @@ class AlertSender:
     def send_due(self, conn: Connection | None = None) -> int:
         """One pass: every configured sink with due alerts gets its message, unless it had one in
         the group window. Returns the outbox rows sent."""
-        urls = self.settings.sink_urls()
-        if not urls:
+        if not self.settings.can_send():
             return 0
         sent = 0
         with self._connection(conn) as db:
-            for (sink,) in _rows(db, _DUE_SINKS, {"max_attempts": self.settings.max_attempts, "sinks": list(urls)}):
-                sent += self._send_sink(db, sink, urls[sink].get_secret_value())
+            for (sink,) in _rows(db, _DUE_SINKS, {"max_attempts": self.settings.max_attempts}):
+                url = self.settings.url_of(sink)
+                if url is not None:  # a sink since removed from the configuration: its rows wait
+                    sent += self._send_sink(db, sink, url.get_secret_value())
         return sent
 
     def _send_sink(self, db: Connection, sink: str, url: str) -> int:
@@ -177,7 +178,7 @@ class AlertSender:
 
     def run(self, stop: threading.Event) -> None:
         """Send due alerts every ``poll_interval_s`` until ``stop`` is set (a thread's target)."""
-        if not self.settings.sink_urls():
+        if not self.settings.can_send():
             log.debug("no alert sinks configured; the alert sender is idle")
             return
         while True:

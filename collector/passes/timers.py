@@ -14,9 +14,11 @@ from psycopg_pool import ConnectionPool
 
 from jobsight.collector.config.settings import CollectorSettings
 from jobsight.collector.passes import alerts
-from jobsight.collector.passes.actions import ActionTimer
+from jobsight.collector.passes.actions import ActionTimer, Notify
 from jobsight.collector.passes.findings import Evaluator
+from jobsight.collector.passes.notices import NoticeSender
 from jobsight.collector.passes.reconcile import start_reconciler
+from jobsight.collector.passes.reports import Reports, ReportTimer
 from jobsight.collector.store.db import Connection, autocommit_connection
 from jobsight.collector.store.partitions import PartitionKeeper
 from jobsight.collector.tiers import compaction
@@ -65,8 +67,9 @@ def start_passes(pool: ConnectionPool[Connection], partitions: PartitionKeeper, 
                  settings: CollectorSettings, stop: threading.Event) -> None:
     """Every pass of this process, each in its daemon thread until ``stop`` is set: housekeeping,
     the health evaluator (one process of the collector's leads; see passes/findings.py) with the
-    alert sender (every process; rows are claimed with SKIP LOCKED), and reconciliation with Slurm
-    (ends jobs whose epilog was never heard; passes/reconcile.py)."""
+    alert sender (every process; rows are claimed with SKIP LOCKED), reconciliation with Slurm
+    (ends jobs whose epilog was never heard; passes/reconcile.py), the waste policies (passes/actions.py),
+    the reports (passes/reports.py) and the notice sender (passes/notices.py)."""
     start_housekeeping(pool, partitions, settings, stop)
     health, alert_settings = settings.health, settings.alerts
     if health.interval_s > 0:
@@ -78,6 +81,20 @@ def start_passes(pool: ConnectionPool[Connection], partitions: PartitionKeeper, 
     sender = alerts.AlertSender(pool, alert_settings, settings.dashboard_url)
     threading.Thread(target=sender.run, args=(stop,), name="jobsight-alerts", daemon=True).start()
     start_reconciler(database_url, settings.reconcile, stop)
+    notify = Notify(alert_settings, settings.dashboard_url) if settings.notices.warn_users else None
     if settings.actions.interval_s > 0 and settings.actions.policies:
-        threading.Thread(target=ActionTimer(database_url, settings.actions).run, args=(stop,), name="jobsight-actions",
+        threading.Thread(target=ActionTimer(database_url, settings.actions, notify).run, args=(stop,),
+                         name="jobsight-actions", daemon=True).start()
+    start_notices(pool, database_url, settings, stop)
+
+
+def start_notices(pool: ConnectionPool[Connection], database_url: str, settings: CollectorSettings,
+                  stop: threading.Event) -> None:
+    """The reports' leader pass, when any report is on, and the notice sender of this process."""
+    wanted = settings.notices
+    if wanted.interval_s > 0 and (wanted.job_end_summary != "off" or wanted.report_period != "off"):
+        reports = Reports(wanted, settings.alerts, settings.dashboard_url)
+        threading.Thread(target=ReportTimer(database_url, reports).run, args=(stop,), name="jobsight-reports",
                          daemon=True).start()
+    sender = NoticeSender(pool, settings.alerts, wanted.poll_interval_s)
+    threading.Thread(target=sender.run, args=(stop,), name="jobsight-notices", daemon=True).start()

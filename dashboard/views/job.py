@@ -1,4 +1,5 @@
-"""One job, live: header, GPUs, steps, training metrics, timeline markers, logs, profiles.
+"""One job, live: header, health, waste policies' actions, GPUs, steps, training metrics, timeline
+markers, logs, profiles.
 
 The data parts are fragments that rerun on their own every ``refresh_s`` while the job
 runs; the log filters and the profile controls stay put.
@@ -17,7 +18,7 @@ from jobsight.dashboard import charts, data, job_facts
 from jobsight.dashboard.identity import viewer_or_stop
 from jobsight.dashboard.markup import plain, plain_join
 from jobsight.dashboard.settings import dashboard_settings
-from jobsight.dashboard.views import job_epochs, job_health
+from jobsight.dashboard.views import job_actions, job_epochs, job_health
 from jobsight.protocol import diagnosis, job_states, links
 
 settings = dashboard_settings()
@@ -63,6 +64,12 @@ def _elapsed(domain: charts.Domain) -> str:
     return f"{seconds // 3600}h {seconds % 3600 // 60:02d}m {seconds % 60:02d}s"
 
 
+def _state(job: dict[str, Any]) -> str:
+    """As Slurm names it (TIMEOUT, OUT_OF_MEMORY), with the exit code or signal when not 0."""
+    return (job_states.describe(job["state"], job.get("exit_code")) if job.get("exit_code")
+            else job_states.slurm_name(job["state"]))
+
+
 @st.fragment(run_every=every)
 def header() -> None:
     job = data.open_job(viewer, ref.cluster, ref.job_id).job or first
@@ -80,9 +87,11 @@ def header() -> None:
     cells[2].metric("Nodes", job.get("node_count") or len(job.get("nodes") or []) or "unknown")
     cells[3].metric("GPUs", len(gpus) or job.get("gpu_count") or "unknown")
     cells[4].metric("Elapsed", _elapsed(domain))
-    # As Slurm names it (TIMEOUT, OUT_OF_MEMORY), with the exit code or signal when not 0.
-    cells[5].metric("State", job_states.describe(job["state"], job.get("exit_code")) if job.get("exit_code")
-                    else job_states.slurm_name(job["state"]))
+    state = _state(job)
+    cells[5].metric("State", state)
+    if job.get("end_reason"):
+        # jobsight ended the job (a waste policy): its reason beside Slurm's end state, which only says CANCELLED.
+        st.info(f"{plain(state)} — {plain(job['end_reason'])}", icon=":material/block:")
     if job.get("nodes"):
         st.caption("Nodes: " + plain_join(job["nodes"]))
     if job.get("flags"):
@@ -268,6 +277,7 @@ def profiles() -> None:
 
 header()
 job_health.show(ref, first, running, every)
+job_actions.show(ref, every)
 gpus()
 training()
 job_epochs.show(ref, running, every)

@@ -19,7 +19,7 @@ from psycopg.rows import dict_row
 from jobsight.agent.node.nvml import NvmlSampler
 from jobsight.collector.config.health import load_health_settings
 from jobsight.collector.passes.findings import HealthEvaluator
-from jobsight.commands.report import format_report
+from jobsight.protocol.report_text import format_report
 from tests.collector.helpers import gz, post
 
 FAKE = Path(__file__).resolve().parents[1] / "fake_nvml" / "scenarios"

@@ -14,8 +14,8 @@ import pytest
 from psycopg.rows import dict_row
 
 from jobsight.collector.query import audit as audit_queries
-from jobsight.commands.report import format_report
 from jobsight.protocol import job_states
+from jobsight.protocol.report_text import format_report
 from jobsight.protocol.wire import now_us
 from tests.collector.helpers import gz, post
 

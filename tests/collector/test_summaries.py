@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from jobsight.commands.report import format_report
+from jobsight.protocol.report_text import format_report
 from jobsight.protocol.wire import now_us
 from tests.collector.helpers import gz, post
 
