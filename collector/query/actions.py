@@ -79,8 +79,8 @@ def list_actions(conn: Connection, *, cluster: str | None = None, user: str | No
 def action_counts(conn: Connection, group: str, *, cluster: str | None = None, user: str | None = None,
                   account: str | None = None, since: dt.datetime | None = None) -> list[dict[str, Any]]:
     """Per user (``group="user_name"``) or account: ``name``, the ``jobs`` with any step, then one count
-    per kind of step (:data:`_COUNTS`). The most acted on first, then the most warned; a job the
-    collector has no row for counts under ``name`` ``None``, last."""
+    per kind of step (:data:`_COUNTS`). The most acted on first, then the most warned, then by name;
+    the steps of a job the collector has no row for count under ``name`` ``None``."""
     if group not in COUNT_GROUPS:
         raise ValueError(f"cannot count actions by {group!r}: one of {', '.join(COUNT_GROUPS)}")
     clause, params = _where(cluster=cluster, user=user, account=account, since=since)
