@@ -34,7 +34,7 @@ def _allocations(cluster: str | None) -> str:
     ``cluster``."""
     where = "AND j.cluster = %(cluster)s" if cluster is not None else ""
     return f"""
-        SELECT j.cluster, j.job_id, j.user_name, j.account, j.partition, j.name, j.state,
+        SELECT j.cluster, j.job_id, j.user_name, j.account, j.partition, j.name, j.state, j.end_reason,
                j.start_time, j.end_time,
                coalesce(nullif(cardinality(j.gpus), 0), s.gpu_count, 0) AS gpus,
                s.mean_util, coalesce(s.energy_kwh, live.energy_kwh) AS energy_kwh, s.flags,
@@ -133,11 +133,12 @@ def underused_allocations(
     limit: int = 500,
 ) -> list[dict[str, Any]]:
     """Jobs with a summary whose mean GPU utilisation is below ``below_percent``, most
-    wasted GPU-hours first (running jobs have no summary yet and are not listed)."""
+    wasted GPU-hours first (running jobs have no summary yet and are not listed); ``end_reason`` says
+    why jobsight ended one (a waste policy's cancellation)."""
     return conn.execute(
         f"""WITH a AS ({_allocations(cluster)})
-            SELECT cluster, job_id, user_name, account, partition, name, state, start_time, end_time, gpus,
-                   gpus * overlap_s / 3600.0 AS gpu_hours, mean_util, energy_kwh, flags
+            SELECT cluster, job_id, user_name, account, partition, name, state, end_reason, start_time, end_time,
+                   gpus, gpus * overlap_s / 3600.0 AS gpu_hours, mean_util, energy_kwh, flags
             FROM a WHERE mean_util < %(below)s
             ORDER BY gpus * overlap_s * (100 - mean_util) DESC, job_id LIMIT %(limit)s""",
         {**_params(start, end, now, cluster), "below": below_percent, "limit": max(1, min(limit, 5000))},

@@ -81,7 +81,9 @@ def _table(frame: pd.DataFrame, name: str, *, job_links: bool = False) -> None:
               "timeout_gpu_hours": st.column_config.NumberColumn(
                   "GPU-hours TIMEOUT", format="%.2f", help="of jobs Slurm ended at their time limit"),
               "cancelled_gpu_hours": st.column_config.NumberColumn(
-                  "GPU-hours CANCELLED", format="%.2f", help="of jobs cancelled with scancel")}
+                  "GPU-hours CANCELLED", format="%.2f", help="of jobs cancelled with scancel"),
+              "end_reason": st.column_config.TextColumn(
+                  "ended by jobsight", help="the waste policy's reason, when jobsight cancelled the job")}
     if "running_jobs" in shown:
         shown.insert(shown.columns.get_loc("energy_kwh") + 1, "energy note",
                      ["≥ still growing" if n else "" for n in shown["running_jobs"]])

@@ -20,7 +20,10 @@ from psycopg.types.json import Jsonb
 
 from jobsight.collector.config.actions import load_action_settings
 from jobsight.collector.passes.actions import WasteActions
-from tests.collector.helpers import gz, now_us, post
+from jobsight.protocol.report_text import format_report
+from jobsight.protocol.tokens import mint_job_token, mint_node_token
+from jobsight.protocol.wire import encode_batch
+from tests.collector.helpers import SECRET, gz, next_seq, now_us, post
 
 S = 1_000_000
 
@@ -174,3 +177,51 @@ def test_an_interactive_job_is_exempt_by_slurms_batch_flag(client: Any, conn: ps
     assert steps(conn, job) == [("exempt", "recorded", False)] and calls_for(calls, job) == []
     detail = conn.execute("SELECT detail FROM actions WHERE job_id = %s", (job,)).fetchone()
     assert detail == {"detail": "interactive (no batch script)"}
+
+
+def test_the_reason_is_on_the_job_in_the_api_and_in_jobsight_report(
+    client: Any, conn: psycopg.Connection[dict[str, Any]], slurm: tuple[Path, Path], admin_token: str,
+) -> None:
+    folder, _ = slurm
+    job = idle_job(client, conn, idle_minutes=200)
+    actions = WasteActions(settings(folder))
+    for _ in range(3):
+        actions.act_once(conn)
+    reason = "jobsight: GPUs idle 3.3 h (policy gpu-idle)"
+    answer = client.get(f"/v1/jobs/{job}", headers={"Authorization": f"Bearer {admin_token}"})
+    assert answer.status_code == 200 and answer.json()["end_reason"] == reason
+    # Slurm's end state stays Slurm's: the epilog says CANCELLED, the reason stands beside it.
+    ended = [{"kind": "job_ended", "job": job, "ts": now_us(), "node": "n1", "state": "CANCELLED", "exit_code": 0}]
+    assert post(client, gz(ended)).status_code == 200
+    row = client.get(f"/v1/jobs/{job}", headers={"Authorization": f"Bearer {admin_token}"}).json()
+    assert row["state"] == "cancelled" and row["end_reason"] == reason
+    text = format_report(row, {"final": True, "summary": {}})
+    assert "State: CANCELLED" in text and f"Reason: {reason}" in text
+
+
+def test_a_job_s_own_fresh_samples_do_not_make_a_telemetry_gap_look_like_data(
+    secret_client: Any, conn: psycopg.Connection[dict[str, Any]], slurm: tuple[Path, Path],
+) -> None:
+    """The node daemon's last sample is 10 minutes old; the job's own token keeps sending 0 % samples
+    (self-reported: kept as metrics, never counted as the node's). No step: a gap is not idleness."""
+    folder, calls = slurm
+    job = f"self-{uuid.uuid4().hex[:10]}"
+    node = {"Authorization": f"Bearer {mint_node_token(SECRET, 'default', 'n1')}"}
+    own = {"Authorization": f"Bearer {mint_job_token(SECRET, 'default', job, 3600, uid=1001)}"}
+    t = now_us()
+    started = {"kind": "job_started", "job": job, "ts": t - 3600 * S, "node": "n1", "user": "alice", "uid": 1001,
+               "account": "ml", "partition": "gpu", "nodes": ["n1"], "gpus": ["0"]}
+    sample = {"kind": "gpu_sample", "job": job, "node": "n1", "gpu_index": 0, "gpu_uuid": "GPU-0", "util_gpu": 0.0,
+              "mem_used": 1, "mem_total": 80}
+    assert post(secret_client, encode_batch("prolog", next_seq(), [started]), **node).status_code == 200
+    assert post(secret_client, encode_batch("daemon", next_seq(), [{**sample, "ts": t - 600 * S}]),
+                **node).status_code == 200
+    assert post(secret_client, encode_batch("job", next_seq(), [{**sample, "ts": t - S}]), **own).status_code == 200
+    conn.execute("""INSERT INTO findings (cluster, job_id, rule, severity, opened_at, updated_at, title, message,
+                                          evidence)
+                    VALUES ('default', %s, 'idle_allocation', 'warning', now() - interval '200 minutes', now(),
+                            'idle', 'idle', '{}')""", (job,))
+    actions = WasteActions(settings(folder))
+    for _ in range(3):
+        actions.act_once(conn)
+    assert steps(conn, job) == [] and calls_for(calls, job) == []
