@@ -2,8 +2,8 @@
 
 ``enqueue`` writes one row per recipient in the caller's transaction (the actions pass's step, the
 reports pass's job end or period), keyed so that a second enqueue of the same notice is a no-op.
-``NoticeSender`` runs in a thread of every collector process: it claims due rows one at a time
-``FOR UPDATE SKIP LOCKED`` (processes never send the same row), sends each through Apprise in the
+``NoticeSender`` runs in a thread of every collector process: it lists due rows, then claims each
+by its key ``FOR UPDATE SKIP LOCKED`` (processes never send the same row), sends each through Apprise in the
 markup of its sink, and marks it sent in the same transaction; a failure counts the try and sets the
 next one after the alerts' doubling backoff (``retry_base_s`` .. ``retry_max_s``), up to
 ``max_attempts``. A recipient without an address is not enqueued: the step or report is still
@@ -37,11 +37,18 @@ VALUES (%(cluster)s, %(job_id)s, %(kind)s, %(sink)s, %(key)s, %(title)s, %(lines
 ON CONFLICT (job_id, key, sink) DO NOTHING
 """
 
-_CLAIM = """
-SELECT job_id, id, sink, kind, title, lines, notify_type FROM notices
+_DUE = """
+SELECT job_id, id FROM notices
 WHERE sent_at IS NULL AND next_try_at <= now() AND attempts < %(max_attempts)s
 ORDER BY next_try_at, id
-LIMIT 1
+LIMIT %(limit)s
+"""
+
+# One row by its whole key: on Citus a single shard's query, where row locks are allowed (a locking read
+# across shards is not); a row another process holds or has just sent is skipped.
+_CLAIM = """
+SELECT job_id, id, sink, kind, title, lines, notify_type FROM notices
+WHERE job_id = %(job_id)s AND id = %(id)s AND sent_at IS NULL AND next_try_at <= now()
 FOR UPDATE SKIP LOCKED
 """
 
@@ -94,22 +101,19 @@ class NoticeSender:
     def send_due(self, limit: int = 100) -> int:
         """Send what is due, one notice per transaction, at most ``limit``; returns the notices sent."""
         sent = 0
-        with autocommit_connection(self.pool) as db:
-            for _ in range(limit):
-                outcome = self._send_one(db)
-                if outcome is None:
-                    break
-                sent += outcome
+        with autocommit_connection(self.pool) as db, db.cursor(row_factory=dict_row) as cur:
+            due = cur.execute(_DUE, {"max_attempts": self.settings.max_attempts, "limit": limit}).fetchall()
+            for keys in due:
+                sent += self._send_one(db, {"job_id": keys["job_id"], "id": keys["id"]})
         return sent
 
-    def _send_one(self, db: Connection) -> int | None:
-        """1 when a notice went, 0 when it failed, ``None`` when nothing is due."""
+    def _send_one(self, db: Connection, keys: dict[str, Any]) -> int:
+        """1 when the notice went, else 0 (it failed, or another process has it)."""
         settings = self.settings
         with db.transaction(), db.cursor(row_factory=dict_row) as cur:
-            row = cur.execute(_CLAIM, {"max_attempts": settings.max_attempts}).fetchone()
+            row = cur.execute(_CLAIM, keys).fetchone()
             if row is None:
-                return None
-            keys = {"job_id": row["job_id"], "id": row["id"]}
+                return 0
             url = settings.url_of(row["sink"])
             if url is None:
                 # The address was removed from the configuration since: given up at once, said once.
