@@ -102,7 +102,7 @@ class Notify:
         if policy.dry_run or step not in (WARN, WARN_AGAIN, ACT):
             return
         job = {"cluster": row["cluster"], "job_id": row["job_id"], "name": row["name"], "partition": row["partition"]}
-        if step == ACT:
+        if step == ACT and policy.action != "notify-only":
             kind, message = "action", notice_messages.acted(job, action=policy.action, reason=detail,
                                                            dashboard_url=self.dashboard_url)
         else:

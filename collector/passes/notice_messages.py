@@ -13,7 +13,7 @@ import datetime as dt
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
-from jobsight.collector.passes.action_ladder import WARN, duration_words
+from jobsight.collector.passes.action_ladder import WARN, WARN_AGAIN, duration_words
 from jobsight.collector.passes.alert_messages import LIMITS, Line, Link, Message, shown, title_safe
 from jobsight.protocol import links
 
@@ -49,8 +49,9 @@ def _job_words(job: Mapping[str, Any]) -> str:
 
 def warning(job: Mapping[str, Any], *, policy: str, action: str, step: str, what: str, idle_s: float,
             act_at: dt.datetime, finding_message: str | None, dashboard_url: str | None) -> Message:
-    """A policy's first or second warning: what it saw, what it will do and when."""
-    which = "first warning" if step == WARN else "second warning"
+    """A policy's first or second warning (what it saw, what it will do and when), or a notify-only
+    policy's last notice."""
+    which = {WARN: "first warning", WARN_AGAIN: "second warning"}.get(step, "final notice")
     title = f"jobsight: job {title_safe(job['job_id'])}: {what} {duration_words(idle_s)} ({which})"
     lines: list[Line] = [(f"{_job_words(job)}: {what} for {duration_words(idle_s)} (policy {policy}).",)]
     if action in _DOING:

@@ -10,7 +10,7 @@ import datetime as dt
 import pandas as pd
 import streamlit as st
 
-from jobsight.dashboard import action_steps, data, url_state
+from jobsight.dashboard import action_steps, data, job_facts, url_state
 from jobsight.dashboard.identity import viewer_or_stop
 from jobsight.dashboard.settings import dashboard_settings
 from jobsight.dashboard.url_state import Param
@@ -80,7 +80,9 @@ def _counts(frame: pd.DataFrame, label: str) -> None:
         return
     config = {name: st.column_config.NumberColumn(text, help=COUNT_HELP.get(name)) for name, text in
               COUNT_LABELS.items()}
-    st.dataframe(frame.rename(columns={"name": label}), hide_index=True, width="stretch", column_config=config)
+    # No name: a job run outside Slurm (no prolog named its user) or one whose row is gone.
+    named = frame.assign(name=[job_facts.UNKNOWN if pd.isna(n) else n for n in frame["name"]])
+    st.dataframe(named.rename(columns={"name": label}), hide_index=True, width="stretch", column_config=config)
 
 
 def _steps_table(frame: pd.DataFrame) -> pd.DataFrame:

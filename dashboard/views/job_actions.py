@@ -48,4 +48,4 @@ def _section(ref: data.JobRef) -> None:
     st.subheader("Actions")
     st.markdown(timeline(rows))
     if any(row.get("dry_run") for row in rows):
-        st.caption("A dry run records what its policy would do and does nothing to the job.")
+        st.caption("A dry run records what its policy would do: it sends no warning and does nothing to the job.")

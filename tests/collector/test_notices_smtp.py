@@ -242,3 +242,20 @@ def test_a_user_name_never_becomes_part_of_an_address(name: str) -> None:
     alerts = alerts_at(25)
     assert alerts.address_of(name) is None and alerts.user_sink(name) is None
     assert alerts.address_of("alice") is not None
+
+
+def test_a_notify_only_policy_sends_a_final_notice_and_cancels_nothing(
+    client: Any, conn: psycopg.Connection[dict[str, Any]], pool: ConnectionPool[Connection],
+    slurm: tuple[Path, Path], mailbox: Mailbox,  # noqa: F811 (the fixture)
+) -> None:
+    folder, calls = slurm
+    job = idle_job(client, conn, idle_minutes=200)
+    alerts = alerts_at(mailbox.port)
+    actions = WasteActions(settings(folder, action="notify-only"), Notify(alerts, DASHBOARD))
+    sender = NoticeSender(pool, alerts, 1.0)
+    for _ in range(3):
+        actions.act_once(conn)
+        sender.send_due()
+    [final] = mailbox.to("alice@example.org", f"job {job}: GPUs idle 3.3 h (final notice)")
+    assert "This is a notice only" in body(final)
+    assert not calls.exists() or job not in calls.read_text()
