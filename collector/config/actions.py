@@ -100,6 +100,10 @@ class ActionSettings(TomlTableSettings):
     as held back (a stuck collector must not cancel half the machine)."""
     stale_after_s: float = Field(300.0, gt=0)
     """A job none of whose GPUs has a sample this recent is not acted on: a telemetry gap is not idleness."""
+    clusters: list[str] = Field(default_factory=list)
+    """The jobsight clusters whose jobs the Slurm on this host runs (its ``scancel`` takes a job number,
+    which each cluster has its own of); empty: the one cluster the running jobs are from. With jobs of
+    several clusters running and this empty, the pass acts on none and says so."""
     scancel: str = "scancel"
     scontrol: str = "scontrol"
     command_timeout_s: float = Field(15.0, gt=0, le=600)

@@ -55,6 +55,7 @@ SELECT f.id AS finding_id, f.rule, f.opened_at, f.evidence, f.message AS finding
         WHERE m.job_id = j.job_id AND m.cluster = j.cluster AND m.ts >= %(now)s - %(recent)s) AS last_sample_at
 FROM findings f JOIN jobs j ON j.job_id = f.job_id AND j.cluster = f.cluster
 WHERE f.state = 'open' AND j.state = 'running' AND f.rule = ANY(%(rules)s)
+  AND (cardinality(%(clusters)s::text[]) = 0 OR j.cluster = ANY(%(clusters)s::text[]))
 ORDER BY f.opened_at, f.id
 """
 
@@ -131,7 +132,15 @@ class WasteActions:
             return result
         now: dt.datetime = conn.execute("SELECT now() AS now").fetchone()["now"]  # type: ignore[index]
         recent = dt.timedelta(seconds=max(self.settings.stale_after_s, 3600))
-        rows = conn.execute(_CANDIDATES, {"now": now, "recent": recent, "rules": self.rules}).fetchall()
+        rows = conn.execute(_CANDIDATES, {"now": now, "recent": recent, "rules": self.rules,
+                                          "clusters": self.settings.clusters}).fetchall()
+        clusters = sorted({row["cluster"] for row in rows})
+        if len(clusters) > 1:
+            # scancel takes a job number, and each cluster has its own: job 1234 of another cluster is
+            # someone else's job here. Acting on none is the only safe answer until the site says which.
+            log.error("actions: idle jobs of %d clusters (%s) and JOBSIGHT_ACTIONS_CLUSTERS unset: acting on "
+                      "none; list the clusters this host's Slurm runs", len(clusters), ", ".join(clusters[:5]))
+            return result
         done = self._done(conn, [r["finding_id"] for r in rows])
         acted = int(conn.execute(_ACTED_LAST_HOUR, {"now": now}).fetchone()["n"])  # type: ignore[index]
         stale = dt.timedelta(seconds=self.settings.stale_after_s)

@@ -77,8 +77,9 @@ def steps(conn: psycopg.Connection[dict[str, Any]], job: str) -> list[tuple[str,
 def settings(folder: Path, **policy: Any) -> Any:
     base = {"name": "gpu-idle", "rule": "idle_allocation", "warn_after_s": 60, "warn_again_after_s": 120,
             "act_after_s": 180, "action": "cancel", "dry_run": False}
+    # clusters named: other tests' running jobs of other clusters share this database.
     return load_action_settings(policies=[{**base, **policy}], scancel=str(folder / "scancel"),
-                                scontrol=str(folder / "scontrol"), max_actions_per_hour=1000)
+                                scontrol=str(folder / "scontrol"), max_actions_per_hour=1000, clusters=["default"])
 
 
 def test_the_ladder_warns_twice_then_cancels_with_the_reason(client: Any, conn: psycopg.Connection[dict[str, Any]],
@@ -225,3 +226,30 @@ def test_a_job_s_own_fresh_samples_do_not_make_a_telemetry_gap_look_like_data(
     for _ in range(3):
         actions.act_once(conn)
     assert steps(conn, job) == [] and calls_for(calls, job) == []
+
+
+def test_jobs_of_another_cluster_are_never_cancelled_by_this_hosts_slurm(
+    client: Any, conn: psycopg.Connection[dict[str, Any]], slurm: tuple[Path, Path],
+) -> None:
+    """scancel takes a job number, and each cluster has its own: job N of cluster "far" is not this
+    Slurm's job N. Unset ``clusters`` with two clusters' idle jobs: nothing is done; set: only its own."""
+    folder, calls = slurm
+    here = idle_job(client, conn, idle_minutes=200)
+    far = f"far-{uuid.uuid4().hex[:10]}"
+    conn.execute("INSERT INTO jobs (cluster, job_id, user_name, state) VALUES ('far', %s, 'mallory', 'running')",
+                 (far,))
+    conn.execute("""INSERT INTO findings (cluster, job_id, rule, severity, opened_at, updated_at, title, message,
+                                          evidence)
+                    VALUES ('far', %s, 'idle_allocation', 'warning', now() - interval '200 minutes', now(), 'idle',
+                            'idle', '{}')""", (far,))
+    try:
+        unset = WasteActions(settings(folder).model_copy(update={"clusters": []}))
+        assert unset.act_once(conn).steps == []
+        assert steps(conn, here) == [] and steps(conn, far) == []
+        own = WasteActions(settings(folder))
+        for _ in range(3):
+            own.act_once(conn)
+        assert [s for s, *_ in steps(conn, here)] == ["warn", "warn_again", "act"] and steps(conn, far) == []
+        assert calls_for(calls, far) == [] and calls_for(calls, here)[-1] == f"scancel {here}"
+    finally:
+        conn.execute("UPDATE findings SET state = 'resolved', resolved_at = now() WHERE job_id = %s", (far,))
