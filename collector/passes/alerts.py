@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any, Final
 
@@ -181,16 +181,23 @@ class AlertSender:
         if not self.settings.can_send():
             log.debug("no alert sinks configured; the alert sender is idle")
             return
-        while True:
-            try:
-                self.send_due()
-            except (DatabaseUnavailable, psycopg.OperationalError) as exc:
-                reason = (str(exc) or type(exc).__name__).splitlines()[0]
-                log.warning("alert pass skipped, database unavailable: %s", reason)
-            except Exception:  # boundary: the sender must outlive a bad pass; the next one retries
-                log.exception("alert pass failed")
-            if stop.wait(self.settings.poll_interval_s):
-                return
+        keep_sending(self.send_due, self.settings.poll_interval_s, stop, "alert", log)
+
+
+def keep_sending(send: Callable[[], int], poll_interval_s: float, stop: threading.Event, what: str,
+                 logger: logging.Logger) -> None:
+    """Call ``send`` every ``poll_interval_s`` until ``stop`` is set, outliving any failed pass (a
+    sender thread's loop: the alerts' and the notices')."""
+    while True:
+        try:
+            send()
+        except (DatabaseUnavailable, psycopg.OperationalError) as exc:
+            reason = (str(exc) or type(exc).__name__).splitlines()[0]
+            logger.warning("%s pass skipped, database unavailable: %s", what, reason)
+        except Exception:  # boundary: the sender must outlive a bad pass; the next one retries
+            logger.exception("%s pass failed", what)
+        if stop.wait(poll_interval_s):
+            return
 
 
 def _rows(db: Connection, sql: str, params: Mapping[str, Any]) -> list[tuple[Any, ...]]:

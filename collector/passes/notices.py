@@ -24,8 +24,9 @@ from psycopg_pool import ConnectionPool
 
 from jobsight.collector.config.alerts import USER_SINK_PREFIX, AlertSettings
 from jobsight.collector.passes.alert_messages import Message, deliver
+from jobsight.collector.passes.alerts import keep_sending
 from jobsight.collector.passes.notice_messages import from_json, to_json
-from jobsight.collector.store.db import Connection, DatabaseUnavailable, autocommit_connection
+from jobsight.collector.store.db import Connection, autocommit_connection
 
 log = logging.getLogger("jobsight.collector.passes.notices")
 
@@ -137,13 +138,4 @@ class NoticeSender:
 
     def run(self, stop: threading.Event) -> None:
         """Send due notices every ``poll_interval_s`` until ``stop`` is set (a thread's target)."""
-        while True:
-            try:
-                self.send_due()
-            except (DatabaseUnavailable, psycopg.OperationalError) as exc:
-                reason = (str(exc) or type(exc).__name__).splitlines()[0]
-                log.warning("notice pass skipped, database unavailable: %s", reason)
-            except Exception:  # boundary: the sender must outlive a bad pass; the next one retries
-                log.exception("notice pass failed")
-            if stop.wait(self.poll_interval_s):
-                return
+        keep_sending(self.send_due, self.poll_interval_s, stop, "notice", log)

@@ -103,6 +103,7 @@ NOT_FROM_RECORDS: dict[str, dict[str, str]] = {
         "first_seen": "the collector's clock when it first heard of the job",
         "last_seen": "the collector's running maximum of the job's record times",
         "run_start": "the ts of the job_started that began the latest run (collector/jobs/job_runs.py)",
+        "end_reason": "why jobsight cancelled the job, set by the actions pass (collector/passes/actions.py)",
     },
 }
 
@@ -123,6 +124,8 @@ OTHER_TABLES: dict[str, str] = {
     "profile_requests": "on-demand profile requests made through the API",
     "findings": "what the health rules noticed about running jobs (collector/passes/findings.py)",
     "alert_outbox": "alerts to send for findings, written with them (collector/passes/alerts.py)",
+    "actions": "the steps waste policies took for open findings (collector/passes/actions.py)",
+    "notices": "warnings, job-end and periodic reports to send to people (collector/passes/notices.py)",
 }
 
 # Fields stored in a column of another type: their values are converted on the way in.

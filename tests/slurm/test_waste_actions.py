@@ -85,7 +85,10 @@ WAIT_S = 60.0
 
 def _slurm_job(job: str) -> dict[str, Any]:
     """The job as ``squeue --json`` has it (its ``admin_comment`` too); ``{}`` when Slurm forgot it."""
-    out = subprocess.run(["/usr/bin/squeue", "--json", "-j", job], capture_output=True, text=True, timeout=10,
+    # Read as UTF-8 with U+FFFD: Slurm 22.05 answers with every job it remembers, and the hostile tests'
+    # job named with bytes that are not UTF-8 may be among them.
+    out = subprocess.run(["/usr/bin/squeue", "--json", "-j", job], capture_output=True, encoding="utf-8",
+                         errors="replace", timeout=10,
                          env={"PATH": "/usr/bin:/bin"}).stdout
     jobs = json.loads(out or "{}").get("jobs", [])
     return next((j for j in jobs if str(j.get("job_id")) == job), {})
@@ -226,7 +229,8 @@ def waste(postgres: Any, data_dir: Path, admin_token: str) -> Iterator[Waste]:
         library = build_fake_nvml()
     except (ImportError, GccMissing) as exc:
         _unavailable(f"the node daemon needs pynvml and the fake NVML: {exc}")
-    if subprocess.run(["/usr/bin/squeue", "-h"], capture_output=True, text=True, timeout=10).stdout.strip():
+    if subprocess.run(["/usr/bin/squeue", "-h"], capture_output=True, encoding="utf-8", errors="replace",
+                      timeout=10).stdout.strip():
         _unavailable("other jobs are in the Slurm queue; the waste-policy tests need the test cluster to themselves")
     user = ordinary_user()
 
