@@ -135,7 +135,7 @@ class WasteActions:
         rows = conn.execute(_CANDIDATES, {"now": now, "recent": recent, "rules": self.rules,
                                           "clusters": self.settings.clusters}).fetchall()
         clusters = sorted({row["cluster"] for row in rows})
-        if len(clusters) > 1:
+        if not self.settings.clusters and len(clusters) > 1:
             # scancel takes a job number, and each cluster has its own: job 1234 of another cluster is
             # someone else's job here. Acting on none is the only safe answer until the site says which.
             log.error("actions: idle jobs of %d clusters (%s) and JOBSIGHT_ACTIONS_CLUSTERS unset: acting on "

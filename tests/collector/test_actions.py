@@ -229,7 +229,7 @@ def test_a_job_s_own_fresh_samples_do_not_make_a_telemetry_gap_look_like_data(
 
 
 def test_jobs_of_another_cluster_are_never_cancelled_by_this_hosts_slurm(
-    client: Any, conn: psycopg.Connection[dict[str, Any]], slurm: tuple[Path, Path],
+    client: Any, conn: psycopg.Connection[dict[str, Any]], slurm: tuple[Path, Path], caplog: pytest.LogCaptureFixture,
 ) -> None:
     """scancel takes a job number, and each cluster has its own: job N of cluster "far" is not this
     Slurm's job N. Unset ``clusters`` with two clusters' idle jobs: nothing is done; set: only its own."""
@@ -251,5 +251,11 @@ def test_jobs_of_another_cluster_are_never_cancelled_by_this_hosts_slurm(
             own.act_once(conn)
         assert [s for s, *_ in steps(conn, here)] == ["warn", "warn_again", "act"] and steps(conn, far) == []
         assert calls_for(calls, far) == [] and calls_for(calls, here)[-1] == f"scancel {here}"
+        # A site whose Slurm runs both clusters lists both: the pass no longer refuses.
+        caplog.clear()
+        WasteActions(settings(folder).model_copy(update={"clusters": ["default", "far"]})).act_once(conn)
+        assert "acting on none" not in caplog.text
+        WasteActions(settings(folder).model_copy(update={"clusters": []})).act_once(conn)
+        assert "acting on none" in caplog.text
     finally:
         conn.execute("UPDATE findings SET state = 'resolved', resolved_at = now() WHERE job_id = %s", (far,))
