@@ -60,6 +60,10 @@ class AgentSettings:
     """Path of ``libnvidia-ml.so.1``; ``None`` lets pynvml find the system one."""
     data_dir: str = field(default_factory=default_data_dir)
     directive_poll_s: float = 3.0
+    phase_report_s: float = 30.0
+    """A training rank that stays this long (and three times its last step) in one phase of a step
+    (waiting for its batch, forward, backward, optimizer, validation) says so, once per phase:
+    what the hung rule reads to name the rank the others wait for (``agent/training/step_watch.py``)."""
     poison_tries: int = 5
     """Tries of one batch, all with the same non-transient answer (e.g. HTTP 500), before it is
     set aside; ``poison_after_s`` must have passed too (see ``agent/shipping/poison.py``)."""
@@ -142,6 +146,7 @@ _ENV_NAMES = {
     "nvml_library": "JOBSIGHT_NVML_LIBRARY",
     "data_dir": "JOBSIGHT_DATA_DIR",
     "directive_poll_s": "JOBSIGHT_DIRECTIVE_POLL_S",
+    "phase_report_s": "JOBSIGHT_PHASE_REPORT_S",
     "poison_tries": "JOBSIGHT_POISON_TRIES",
     "poison_after_s": "JOBSIGHT_POISON_AFTER_S",
     "kineto_daemon": "JOBSIGHT_KINETO_DAEMON",

@@ -1,6 +1,6 @@
 """Agent-side costs, printed as numbers and ratios (not a test; CI does not run it).
 
-    .venv/bin/python bench/agent.py [--records 100000] [--log-calls 100000] [--ticks 2000]
+    .venv/bin/python bench/agent.py [--records 100000] [--log-calls 100000] [--ticks 2000] [--faults-only]
 
 1. ``logging`` emit cost of :class:`jobsight.agent.training.logs.JobsightHandler` against the standard
    library's :class:`logging.handlers.QueueHandler`, in the same run (ratio).
@@ -8,17 +8,24 @@
    embedded PostgreSQL, migrates it, and runs ``python -m jobsight collector``.
 3. NVML sampler CPU seconds per GPU per tick (``time.process_time``) over the fake
    ``libnvidia-ml.so.1`` (needs gcc), and the node daemon's whole tick on top of it.
+4. What reading the fault counters and Xid events costs: the sampler's and the node daemon's CPU
+   per tick with them (``NvmlSampler(faults=True, events=True)``, the node daemon's) as a ratio to without, on a node
+   of 8 SXM GPUs with 18 NVLinks each (an HGX H100), in the same run. The issue's budget: under
+   1.10 for the daemon's tick. ``--faults-only`` runs this part alone, without a collector (the
+   records stay in the shipper's queue; both sides queue the same).
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib.util
+import json
 import logging
 import logging.handlers
 import os
 import queue
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -148,13 +155,110 @@ def bench_nvml(ticks: int, work: Path, settings: AgentSettings) -> None:
     sampler.close()
 
 
+def _fake_library() -> Path | None:
+    spec = importlib.util.spec_from_file_location("fake_nvml_build", REPO / "tests" / "fake_nvml" / "build.py")
+    assert spec is not None and spec.loader is not None
+    build = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(build)
+    try:
+        library: Path = build.build_fake_nvml()
+    except Exception as exc:  # noqa: BLE001 - a benchmark reports and goes on
+        print(f"faults: fake library unavailable ({exc}); skipped")
+        return None
+    return library
+
+
+def hgx_scenario(path: Path, gpus: int = 8, links: int = 18) -> Path:
+    """A node of SXM GPUs as the fake scripts them: every fault counter answers (but page
+    retirement, which an H100 does not have), Xid events are supported, one process per GPU."""
+    base = json.loads((REPO / "tests" / "fake_nvml" / "scenarios" / "four_gpus.json").read_text())["gpus"][0]
+    scenario = {"gpus": [
+        {**base, "uuid": f"GPU-{i:08x}-aaaa-bbbb-cccc-000000000000",
+         "processes": [{"pid": 1000 + i, "used_memory": 2**30}],
+         "pcie_replays": 0, "remapped_corrected": 0, "remapped_uncorrected": 0, "remap_pending": 0,
+         "remap_failure": 0,
+         "nvlink": [{"crc_flit": 0, "crc_data": 0, "replay": 0, "recovery": 0} for _ in range(links)]}
+        for i in range(gpus)
+    ]}
+    path.write_text(json.dumps(scenario))
+    return path
+
+
+def _cpu_per_tick(tick: Any, ticks: int) -> float:
+    start = time.process_time()
+    for _ in range(ticks):
+        tick()
+    return (time.process_time() - start) / ticks
+
+
+def bench_faults(ticks: int, work: Path, settings: AgentSettings) -> None:
+    library = _fake_library()
+    if library is None:
+        return
+    from jobsight.agent.node.daemon import NodeDaemon
+    from jobsight.agent.node.nvml import NvmlSampler
+    from jobsight.agent.node.registrations import Registration, write_registration
+
+    os.environ["FAKE_NVML_SCENARIO"] = str(hgx_scenario(work / "hgx.json"))
+    jobs = work / "fault-jobs"
+    for index, job in enumerate(("1", "2")):
+        write_registration(jobs, Registration(cluster="default", job_id=job, node="bench", started_us=now_us(),
+                                              gpus=tuple(range(4 * index, 4 * index + 4))))
+    shipper = Shipper(settings, use_spool=False)
+    samplers = {faults: NvmlSampler(str(library), faults=faults, events=faults) for faults in (False, True)}
+    daemons = {faults: NodeDaemon(settings, sampler, shipper, registration_dir=str(jobs))
+               for faults, sampler in samplers.items()}
+    # The same with nothing to read in /proc and no cgroups: the registrations decide and no host
+    # sample is taken, so NVML is most of the tick (the worst case for the ratio).
+    bare = work / "bare"
+    bare.mkdir(exist_ok=True)
+    bare_daemons = {faults: NodeDaemon(settings, sampler, shipper, registration_dir=str(jobs),
+                                       proc_root=str(bare), cgroup_root=str(bare))
+                    for faults, sampler in samplers.items()}
+
+    def sample(sampler: NvmlSampler) -> Any:
+        return lambda: (sampler.sample(), sampler.events())  # as the daemon does every tick
+
+    for daemon in daemons.values():
+        daemon.tick()  # NVML opened, links found, what a GPU lacks learnt
+    # Alternated, best of five: the two sides see the same machine (and its noise).
+    sampled: dict[bool, list[float]] = {False: [], True: []}
+    ticked: dict[bool, list[float]] = {False: [], True: []}
+    bare_ticked: dict[bool, list[float]] = {False: [], True: []}
+    for _ in range(5):
+        for faults in (False, True):
+            sampled[faults].append(_cpu_per_tick(sample(samplers[faults]), ticks))
+            ticked[faults].append(_cpu_per_tick(daemons[faults].tick, max(1, ticks // 10)))
+            bare_ticked[faults].append(_cpu_per_tick(bare_daemons[faults].tick, max(1, ticks // 2)))
+    s0, s1 = min(sampled[False]), min(sampled[True])
+    d0, d1 = min(ticked[False]), min(ticked[True])
+    b0, b1 = min(bare_ticked[False]), min(bare_ticked[True])
+    print(f"faults: daemon tick {d0 * 1e3:.2f} ms -> {d1 * 1e3:.2f} ms CPU, ratio {d1 / d0:.3f}x "
+          f"(budget: under 1.10x); without /proc and cgroups to read {b0 * 1e3:.3f} ms -> {b1 * 1e3:.3f} ms, "
+          f"ratio {b1 / b0:.3f}x; the sampler alone {s0 * 1e6:.0f} µs -> {s1 * 1e6:.0f} µs, ratio {s1 / s0:.2f}x "
+          f"(8 GPUs x 18 NVLinks, 2 jobs, fake libnvidia-ml)")
+    shipper.shutdown(5)
+    for sampler in samplers.values():
+        sampler.close()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--records", type=int, default=100_000)
     parser.add_argument("--log-calls", type=int, default=100_000)
     parser.add_argument("--ticks", type=int, default=2000)
+    parser.add_argument("--faults-only", action="store_true", help="only the fault counters' cost (no collector)")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
+    if args.faults_only:
+        with tempfile.TemporaryDirectory(prefix="jobsight-bench-") as tmp:
+            work = Path(tmp)
+            # Nowhere to send to, and no batch due while measuring: both sides only queue.
+            settings = AgentSettings(url="http://127.0.0.1:9", token="bench", node="bench", job_id="bench",
+                                     spool_dir=str(work / "spool"), data_dir=str(work / "agent"),
+                                     queue_max=10_000_000, batch_records=10_000_000, batch_age_s=3600)
+            bench_faults(args.ticks, work, settings)
+        return
     with running_stack() as stack:
         work = stack.work
         settings = AgentSettings(
@@ -169,6 +273,7 @@ def main() -> None:
         bench_log_handler(settings, args.log_calls)
         bench_shipper(settings, args.records)
         bench_nvml(args.ticks, work, settings)
+        bench_faults(args.ticks, work, settings)
 
 
 if __name__ == "__main__":

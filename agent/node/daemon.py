@@ -3,7 +3,9 @@
 Every interval it takes one NVML snapshot of every GPU on the node, attributes
 each GPU to its job (:mod:`jobsight.agent.node.attribution`), reads each registered job's host
 CPU and memory (:mod:`jobsight.agent.node.host`), and hands the records to the shipper. A GPU
-that works for no job is not shipped: every record belongs to a job.
+that works for no job is not shipped: every record belongs to a job. The critical Xid errors NVML
+reported since the last tick become ``gpu_event`` records of the jobs their GPU works for this
+tick (the jobs of any of its rows: a GPU in MIG mode works for its instances' jobs).
 
 The schedule does not drift (``next += interval``); a tick that overruns skips
 the ticks it missed rather than bunching them. Start-up, signals and the drain at
@@ -37,6 +39,7 @@ class TickResult:
     """What one tick did (for tests, benchmarks and the debug log)."""
 
     gpu_records: int = 0
+    event_records: int = 0
     host_records: int = 0
     unattributed: int = 0
     """GPU rows that worked for no job and were not shipped."""
@@ -90,18 +93,35 @@ class NodeDaemon:
             if self._nvml_failing:
                 log.info("jobsight agent: NVML is back")
             self._nvml_failing = False
+        jobs_of_gpu: dict[int, list[str]] = {}
         for reading, jobs in self._attributor.attribute(readings, registrations):
             if not jobs:
                 result.unattributed += 1
                 continue
+            of_gpu = jobs_of_gpu.setdefault(reading.gpu_index, [])
+            of_gpu += [job for job in jobs if job not in of_gpu]
             fields = reading.to_record()
             for job in jobs:
                 self.shipper.enqueue({"kind": "gpu_sample", "job": job, "ts": ts, "node": node, **fields})
                 result.gpu_records += 1
+        if result.nvml_ok:
+            result.event_records = self._gpu_events(jobs_of_gpu, ts, node)
         result.host_records = self._host_samples(registrations, ts, node)
         if result.unattributed:
             log.debug("jobsight agent: %d GPU row(s) with no job this tick, not shipped", result.unattributed)
         return result
+
+    def _gpu_events(self, jobs_of_gpu: dict[int, list[str]], ts: int, node: str) -> int:
+        """The Xid errors since the last tick, one ``gpu_event`` per event and job of its GPU.
+        An event on a GPU without a job has no job to go to: the sampler has logged it."""
+        shipped = 0
+        for event in self.sampler.events():
+            for job in jobs_of_gpu.get(event.gpu_index, ()):
+                self.shipper.enqueue({"kind": "gpu_event", "job": job, "ts": ts, "node": node,
+                                      "gpu_index": event.gpu_index, "gpu_uuid": event.gpu_uuid,
+                                      "event": event.event, "code": event.code})
+                shipped += 1
+        return shipped
 
     def _check_nodes(self, registrations: list[Registration]) -> None:
         for registration in registrations:

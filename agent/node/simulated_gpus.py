@@ -25,6 +25,8 @@ from dataclasses import dataclass, field
 from typing import Final, Self
 
 from jobsight.agent.node.gpu_reading import GpuReading, visible_gpu_indices
+from jobsight.protocol import throttle
+from jobsight.protocol.records import GpuEvent
 
 GiB: Final = 1024**3
 NAME: Final = "H100 80GB HBM3 (simulated)"
@@ -39,10 +41,10 @@ AMBIENT_C: Final = 32.0
 THERMAL_LAG_S: Final = 40.0
 """How fast the temperature follows the power: about two thirds of the way in this long."""
 
-# NVML's clock event reason bits (nvmlClocksEventReason*), as the real driver sets them.
-REASON_GPU_IDLE: Final = 0x1
-REASON_SW_THERMAL: Final = 0x20
-REASON_HW_THERMAL: Final = 0x40
+# NVML's clock event reason bits, as the real driver sets them.
+REASON_GPU_IDLE: Final = throttle.GPU_IDLE.bit
+REASON_SW_THERMAL: Final = throttle.SW_THERMAL_SLOWDOWN.bit
+REASON_HW_THERMAL: Final = throttle.HW_THERMAL_SLOWDOWN.bit
 
 
 def gpu_uuid(node: str, index: int) -> str:
@@ -167,6 +169,10 @@ class SimulatedGpus:
         with self._lock:
             now = self._clock()
             return [self._read(g, now) for g in self._gpus if gpu_indices is None or g.index in gpu_indices]
+
+    def events(self) -> list[GpuEvent]:
+        """Simulated GPUs report no Xid errors; here for the reader interface."""
+        return []
 
     def visible_gpu_indices(self, cuda_visible_devices: str | None) -> list[int]:
         """Indices of the GPUs a ``CUDA_VISIBLE_DEVICES`` value names, as NVML's sampler maps them."""

@@ -16,6 +16,7 @@ from jobsight.agent.settings import AgentSettings
 from jobsight.agent.training.profile_schedule import ProfileOptions, ProfileSchedule
 from jobsight.agent.training.run_records import TrainingRun, open_run, warn_rank_zero
 from jobsight.agent.training.step_timer import StepTimer
+from jobsight.protocol.step_phases import BACKWARD, DATA, OPTIMIZER, STEP, VALIDATION
 
 
 class CallbackKeywords(TypedDict, total=False):
@@ -109,14 +110,29 @@ class FitTelemetry:
 
     # -- steps, epochs, validation ----------------------------------------------------------------
 
+    def _mark(self, phase: str) -> None:
+        """Where the rank is in its pending step (``step_watch``): an attribute write, nothing sent."""
+        run = self.run
+        if run is not None:
+            run.mark(self.batches, phase)
+
     def epoch_started(self) -> None:
         self.timer.epoch_started()
+        self._mark(DATA)
 
-    def batch_started(self) -> None:
+    def batch_started(self, phase: str = STEP) -> None:
+        """The batch is in hand; ``phase``: where the step starts, as far as the framework tells
+        (Lightning: the forward pass; Keras: its compiled ``train_step``, not split)."""
         self.timer.arrived()
+        self._mark(phase)
 
     def backward_started(self) -> None:
         self.timer.backward()
+        self._mark(BACKWARD)
+
+    def backward_ended(self) -> None:
+        """Backward, and with it DDP's gradient all-reduce, is done: the optimizer step follows."""
+        self._mark(OPTIMIZER)
 
     def batch_ended(self, epoch: int, samples: int | None = None) -> TrainingRun | None:
         """Record the step that just ended; returns the run for the caller's own per-step work
@@ -127,12 +143,15 @@ class FitTelemetry:
             return None
         run.recorder.step(self.batches, step.duration_s, epoch=epoch, data_wait_s=step.data_wait_s,
                           compute_s=step.compute_s, samples=samples, forward_s=step.forward_s)
+        if run.watch is not None:
+            run.watch.last_step_s = step.duration_s
         self.batches += 1
         return run
 
     def between_steps(self) -> None:
         """Hook work, validation or a checkpoint is over: the next batch's wait starts now."""
         self.timer.ready()
+        self._mark(DATA)
 
     def epoch_ended(
         self, epoch: int, metrics: Mapping[str, Any], step: int | None, duration_s: float | None = None
@@ -149,6 +168,7 @@ class FitTelemetry:
 
     def validation_started(self) -> None:
         self._val_start = self.timer.now()
+        self._mark(VALIDATION)
 
     def validation_ended(self, epoch: int, metrics: Mapping[str, Any] | None, step: int | None) -> None:
         run = self.run

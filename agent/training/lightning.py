@@ -9,7 +9,9 @@ The two lines::
 Records: run metadata at fit start (hyper-parameters, world size, rank, devices,
 precision), one ``step`` per training batch (data wait = time from the previous
 batch's end to this batch's start, which is where Lightning fetches the batch;
-compute = the batch hooks' span, forward = batch start to backward start), logged
+compute = the batch hooks' span, forward = batch start to backward start), the phase
+each pending step is in (data, forward, backward, optimizer, validation: sent only when
+one lasts long, ``step_watch``), logged
 metrics at the trainer's logging cadence and at epoch/validation ends, epoch, validation and checkpoint events, and the
 exception with its traceback. Step numbers count training batches on this rank.
 
@@ -30,6 +32,7 @@ from jobsight.agent.training.fit_telemetry import CallbackKeywords, CallbackOpti
 from jobsight.agent.training.profile_schedule import ProfileOptions, ProfileSchedule, as_schedule, check_ranks
 from jobsight.agent.training.run_records import TrainingRun, batch_size
 from jobsight.protocol.json_safe import json_safe
+from jobsight.protocol.step_phases import FORWARD
 
 F = TypeVar("F", bound=Callable[..., None])
 
@@ -147,10 +150,15 @@ class JobsightCallback(Callback):
     def on_train_batch_start(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
     ) -> None:
-        self._telemetry.batch_started()
+        self._telemetry.batch_started(FORWARD)
 
     def on_before_backward(self, trainer: pl.Trainer, pl_module: pl.LightningModule, loss: Any) -> None:
         self._telemetry.backward_started()
+
+    # on_before_optimizer_step needs no hook of its own: it follows this at once, and is skipped
+    # on the steps of gradient accumulation, where backward is over all the same.
+    def on_after_backward(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._telemetry.backward_ended()
 
     @_quiet
     def on_train_batch_end(

@@ -25,6 +25,7 @@ from jobsight.agent.training.context import RunContext, current_context, process
 from jobsight.agent.training.directives import DirectivePoller
 from jobsight.agent.training.profile_schedule import ProfileOptions, ProfileSchedule
 from jobsight.agent.training.profiling import StepProfiling
+from jobsight.agent.training.step_watch import StepWatch
 from jobsight.protocol import wire
 from jobsight.protocol.json_safe import clip, json_safe
 
@@ -197,17 +198,28 @@ def warn_rank_zero(rank: int | None, message: str) -> None:
 
 @dataclass
 class TrainingRun:
-    """What a callback holds for one run: its recorder, its profiling and the directive poller."""
+    """What a callback holds for one run: its recorder, its profiling, the directive poller and
+    the watch on its pending step."""
 
     recorder: RunRecorder
     profiling: StepProfiling
     poller: DirectivePoller | None
     handler: logging.Handler | None = None
     """A log handler of this run's own (explicit settings); removed at close."""
+    watch: StepWatch | None = None
+    """Where the rank is inside its step, reported when it stays there long."""
+
+    def mark(self, step: int, phase: str) -> None:
+        """The rank enters ``phase`` (``jobsight.protocol.step_phases``) of step ``step``."""
+        watch = self.watch
+        if watch is not None:
+            watch.mark(step, phase)
 
     def close(self, flush_timeout_s: float = 2.0) -> None:
         """Stop a window of ours, post pending request states, flush. Never raises."""
         try:
+            if self.watch is not None:
+                self.watch.stop()
             self.profiling.close()
             if self.poller is not None:
                 self.poller.stop(flush_timeout_s)
@@ -229,8 +241,8 @@ def open_run(
     attach_logs: bool,
     extra: Mapping[str, Any],
 ) -> TrainingRun:
-    """Recorder, log handler, in-process GPU sampler (when the node has no daemon), directive poller
-    and profiling for one training process. Never raises for telemetry trouble."""
+    """Recorder, log handler, in-process GPU sampler (when the node has no daemon), directive poller,
+    profiling and the step watch for one training process. Never raises for telemetry trouble."""
     recorder = RunRecorder(settings, rank=rank)
     handler: logging.Handler | None = None
     if attach_logs:
@@ -259,4 +271,6 @@ def open_run(
     profiling = StepProfiling(
         recorder, schedule, ranks, options, poller, extra, warn=lambda message: warn_rank_zero(recorder.rank, message)
     )
-    return TrainingRun(recorder, profiling, poller, handler)
+    watch = StepWatch(recorder, recorder.settings.phase_report_s)
+    watch.start()
+    return TrainingRun(recorder, profiling, poller, handler, watch)

@@ -29,6 +29,7 @@ from jobsight.agent.training.profile_schedule import ProfileOptions, ProfileSche
 from jobsight.agent.training.profiling import ProfileWindow, StepProfiling
 from jobsight.agent.training.run_records import TrainingRun, batch_size, open_run
 from jobsight.agent.training.step_timer import StepTimer
+from jobsight.protocol.step_phases import DATA, STEP
 
 T = TypeVar("T")
 
@@ -139,22 +140,37 @@ def steps(
     batches: Iterable[T], *, epoch: int | None = None, start: int = 0, phase: str = "train"
 ) -> Iterator[T]:
     """Yield ``batches``, recording each step: data wait (the time ``next`` took) and compute
-    (the loop body, until the next batch is asked for). Step numbers count from ``start``."""
-    recorder = init().recorder
+    (the loop body, until the next batch is asked for). Step numbers count from ``start``.
+    The step watch learns whether the rank waits for its batch or is inside the loop body (which
+    it cannot split into forward and backward)."""
+    run = init()
+    recorder = run.recorder
+    watch = run.watch
     iterator = iter(batches)
     timer = StepTimer()
     step = start
-    while True:
-        timer.ready()
-        try:
-            batch = next(iterator)
-        except StopIteration:
-            return
-        timer.arrived()
-        yield batch
-        timing = timer.done()
-        recorder.step(
-            step, timing.duration_s, epoch=epoch, phase=phase, data_wait_s=timing.data_wait_s,
-            compute_s=timing.compute_s, samples=batch_size(batch),
-        )
-        step += 1
+    try:
+        while True:
+            timer.ready()
+            if watch is not None:
+                watch.mark(step, DATA)
+            try:
+                batch = next(iterator)
+            except StopIteration:
+                return
+            timer.arrived()
+            if watch is not None:
+                watch.mark(step, STEP)
+            yield batch
+            timing = timer.done()
+            recorder.step(
+                step, timing.duration_s, epoch=epoch, phase=phase, data_wait_s=timing.data_wait_s,
+                compute_s=timing.compute_s, samples=batch_size(batch),
+            )
+            if watch is not None:
+                watch.last_step_s = timing.duration_s
+            step += 1
+    finally:
+        # The loop is over (or left by ``break``): what the rank does next is no step of ours.
+        if watch is not None:
+            watch.clear()

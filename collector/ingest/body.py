@@ -135,6 +135,7 @@ class _Claim:
 def _claims(bounds: ClaimBounds) -> list[_Claim]:
     gpus = "max_gpus_per_job"
     return [_Claim("gpu_sample", "gpu_index", bounds.gpus, gpus),
+            _Claim("gpu_event", "gpu_index", bounds.gpus, gpus),
             _Claim("job_started", "gpus", bounds.gpus, gpus, is_list=True),
             *(_Claim(kind, "rank", bounds.ranks, "max_ranks_per_job") for kind in _RANKED_KINDS)]
 

@@ -19,7 +19,7 @@ from typing import Any, Final
 
 from psycopg.types.json import Jsonb
 
-from jobsight.collector.store.schema import gpu_samples, host_samples, log_events, metrics, steps
+from jobsight.collector.store.schema import gpu_events, gpu_samples, host_samples, log_events, metrics, steps
 from jobsight.collector.store.timestamps import days_of_us, ts_from_us
 from jobsight.collector.tiers.rollup import MinuteRollup
 from jobsight.collector.tiers.step_rollup import StepRollup
@@ -38,7 +38,7 @@ _PG_TYPES: Final = {
     "JSONB": "jsonb",
 }
 
-_TABLES: Final = {t.name: t for t in (gpu_samples, host_samples, log_events, metrics, steps)}
+_TABLES: Final = {t.name: t for t in (gpu_samples, host_samples, log_events, metrics, steps, gpu_events)}
 SERIES_TABLES: Final = {
     "gpu_sample": gpu_samples,
     "host_sample": host_samples,
@@ -46,6 +46,7 @@ SERIES_TABLES: Final = {
     "metric": metrics,
     "step": steps,
     "dropped": log_events,
+    "gpu_event": gpu_events,
 }
 """The record kinds copied into a time-series table, each field into the column of its name."""
 

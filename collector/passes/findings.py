@@ -9,6 +9,9 @@ interval and take over when the leader's connection goes. An evaluation:
   window, and their GPUs' minute sums (``gpu_minutes``) over the idle and low-utilisation
   windows: rollups, so 500 running jobs of 8 GPUs are ~250 k small rows, not every sample;
 * for a rank silent past the window (hung), reads its last few minutes to know its usual step;
+* for a job with a rank silent past ``hung_min_s``, reads its ranks' latest run events since:
+  which said they are done (not hung), and where each stays inside its pending step (the agent's
+  phase reports, ``jobsight.protocol.step_phases``), so a hung job names the rank the others wait for;
 * opens a finding once (the partial unique index on open findings), updates its evidence while
   it lasts, resolves it when the rule no longer fires or the job ends;
 * writes each finding's alerts in the transaction that opens or resolves it (collector/passes/alerts.py).
@@ -19,6 +22,7 @@ has ended, already resolved at the job's end, and alerted once.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import logging
 import time
@@ -33,6 +37,7 @@ from jobsight.collector.passes.leader import LeaderTimer
 from jobsight.collector.store.db import Connection
 from jobsight.collector.tiers.step_rollup import NO_RANK
 from jobsight.protocol.health import Finding, GpuWindow, HealthThresholds, JobHealthInput, RankSteps, evaluate
+from jobsight.protocol.step_phases import PHASE_EVENT, PendingPhase, parse
 
 log = logging.getLogger("jobsight.collector.passes.findings")
 
@@ -86,10 +91,15 @@ LATERAL (
 WHERE x.last_ts IS NOT NULL
 """
 
-# Ranks whose process said it was done after the given time (the silent ranks' earliest last step).
-_DONE_RANKS = """
-SELECT DISTINCT coalesce(rank, -1) AS rank FROM log_events
+# Each rank's latest event of each kind after the given time (the silent ranks' earliest last
+# step): an end event says its process is done; a phase report says where it stays in its step.
+# One row per rank and kind, however many a job sent.
+_RANK_EVENTS = """
+SELECT DISTINCT ON (coalesce(rank, -1), attrs->>'event') coalesce(rank, -1) AS rank, attrs->>'event' AS event,
+       attrs
+FROM log_events
 WHERE job_id = %(job)s AND cluster = %(cluster)s AND ts >= %(since)s AND attrs->>'event' = ANY(%(events)s)
+ORDER BY coalesce(rank, -1), attrs->>'event', ts DESC
 """
 
 _RANKS_EVER = "SELECT DISTINCT rank FROM step_minutes WHERE job_id = %(job)s AND cluster = %(cluster)s"
@@ -164,6 +174,14 @@ class Evaluation:
     resolved: list[dict[str, Any]] = field(default_factory=list)
 
 
+def _pending(rank: RankSteps, phase: PendingPhase | None) -> RankSteps:
+    """``rank`` with ``phase`` when it is about the step after its last one: a report from before
+    its last step is over (the rank stepped on since)."""
+    if phase is None or phase.since < rank.last_step_at - 1e-6:
+        return rank
+    return dataclasses.replace(rank, pending=phase)
+
+
 class HealthEvaluator:
     """The rules over the stored rollups; state kept between evaluations is only a cache (the
     ranks each running job has had), so a new leader starts from the database alone."""
@@ -217,15 +235,23 @@ class HealthEvaluator:
         return {key: self._still_running(conn, key, ranks, now) for key, ranks in out.items()}
 
     def _still_running(self, conn: Connection, key: JobKey, ranks: list[RankSteps], now: float) -> list[RankSteps]:
-        """``ranks`` less those whose process said it was done after its last step. Read only for
-        jobs with a rank silent past ``hung_min_s``: the others cannot be hung."""
+        """``ranks`` less those whose process said it was done after its last step, each with the
+        phase it said it stays in since then. Read only for jobs with a rank silent past
+        ``hung_min_s``: the others cannot be hung."""
         silent = [r for r in ranks if now - r.last_step_at > self.thresholds.hung_min_s]
         if not silent:
             return ranks
-        rows = conn.execute(_DONE_RANKS, {"job": key[1], "cluster": key[0], "events": list(END_EVENTS),
-                                          "since": _ts(min(r.last_step_at for r in silent))})
-        done = {int(row["rank"]) for row in rows}
-        return [r for r in ranks if r.rank not in done]
+        rows = conn.execute(_RANK_EVENTS, {"job": key[1], "cluster": key[0], "events": [*END_EVENTS, PHASE_EVENT],
+                                           "since": _ts(min(r.last_step_at for r in silent))})
+        done: set[int] = set()
+        phases: dict[int, PendingPhase] = {}
+        for row in rows:
+            rank = int(row["rank"])
+            if row["event"] in END_EVENTS:
+                done.add(rank)
+            elif (phase := parse(row["attrs"])) is not None:
+                phases[rank] = phase
+        return [_pending(r, phases.get(r.rank)) for r in ranks if r.rank not in done]
 
     def _gpu_windows(self, conn: Connection, jobs: Sequence[JobKey], now: float) -> dict[JobKey, list[GpuWindow]]:
         t = self.thresholds

@@ -121,6 +121,29 @@ gpu_samples = Table(
     Column("sm_active", Float),
     Column("tensor_active", Float),
     Column("lost", Boolean),
+    # What says why a GPU is slow or failing (records.GpuSample): the physical GPU's row only.
+    Column("nvlink_crc_errors", BigInteger),
+    Column("nvlink_replay_errors", BigInteger),
+    Column("nvlink_recovery_errors", BigInteger),
+    Column("pcie_replays", BigInteger),
+    Column("remapped_rows_pending", Boolean),
+    Column("remap_failure", Boolean),
+    Column("retired_pages_pending", Boolean),
+    Index(None, "job_id", "ts"),
+    postgresql_partition_by=PARTITION_BY,
+)
+
+# What NVML reported about a GPU as it happened (records.GpuEvent: critical Xid errors), one row
+# per event and job. Few rows (a healthy cluster has none), partitioned by day like the samples
+# so that retention drops them with the samples they explain.
+gpu_events = Table(
+    "gpu_events",
+    metadata,
+    *_series_keys(),
+    Column("gpu_index", SmallInteger, nullable=False),
+    Column("gpu_uuid", Text, nullable=False),
+    Column("event", Text, nullable=False),
+    Column("code", BigInteger, nullable=False),
     Index(None, "job_id", "ts"),
     postgresql_partition_by=PARTITION_BY,
 )
@@ -554,6 +577,13 @@ gpu_sample_blocks = Table(
     Column("tensor_active", ARRAY(SmallInteger)),
     Column("tensor_active_f", ARRAY(Double)),
     Column("lost", ARRAY(Boolean)),
+    Column("nvlink_crc_errors", ARRAY(BigInteger)),
+    Column("nvlink_replay_errors", ARRAY(BigInteger)),
+    Column("nvlink_recovery_errors", ARRAY(BigInteger)),
+    Column("pcie_replays", ARRAY(BigInteger)),
+    Column("remapped_rows_pending", ARRAY(Boolean)),
+    Column("remap_failure", ARRAY(Boolean)),
+    Column("retired_pages_pending", ARRAY(Boolean)),
     PrimaryKeyConstraint("job_id", "cluster", "ts", "device"),
     postgresql_partition_by=PARTITION_BY,
 )
@@ -607,6 +637,7 @@ host_sample_blocks = Table(
 
 PARTITIONED_TABLES = (
     "gpu_samples", "gpu_minutes", "gpu_hours", "host_samples", "log_events", "metrics", "steps", "step_minutes",
+    "gpu_events",
 )
 """Partitions made ahead by the collector and on demand by the ingest path."""
 PACKED_TABLES = ("gpu_sample_blocks", "gpu_sample_timelines", "gpu_minute_blocks", "host_sample_blocks")

@@ -16,7 +16,8 @@ The encodings, smallest first, and why each is exact:
   (an hour of a 1.2 kW GPU fits). A block takes these only when *every* value of the block
   comes back bit-for-bit from them (checked in SQL with the very expression that decodes it);
   otherwise the block keeps the column in its float8 ``_f`` twin, as it was.
-* integer columns keep their own type.
+* integer and boolean columns keep their own type (the fault counters and flags too: they
+  change seldom, and a run of one value is what pglz compresses best).
 * ``sm_active`` and ``tensor_active`` (GPM ratios: arbitrary doubles from NVML, which no pglz
   compresses) go into ``int2[]`` of hundredths of a percentage point, rounded: the only lossy
   columns, to within 0.005 points (an exact value of two decimals comes back exactly). No query
@@ -34,7 +35,8 @@ from typing import Final
 ORDER: Final = (
     "s.ts, s.util_gpu, s.util_mem, s.mem_used, s.mem_total, s.power_w, s.energy_j, s.temp_c, s.sm_clock_mhz, "
     "s.mem_clock_mhz, s.pcie_tx_kbs, s.pcie_rx_kbs, s.throttle_reasons, s.ecc_errors, s.process_count, "
-    "s.sm_active, s.tensor_active, s.lost"
+    "s.sm_active, s.tensor_active, s.lost, s.nvlink_crc_errors, s.nvlink_replay_errors, s.nvlink_recovery_errors, "
+    "s.pcie_replays, s.remapped_rows_pending, s.remap_failure, s.retired_pages_pending"
 )
 """The order of a block's samples: time, then the values, so that samples sharing a time are in
 the same order in every array (each ``array_agg`` sorts on its own unless the planner shares the
@@ -151,6 +153,13 @@ ENCODINGS: Final[dict[str, Encoding]] = {
         _scaled("sm_active", "sm_active", "int2", 100, 327, rounded=True),
         _scaled("tensor_active", "tensor_active", "int2", 100, 327, rounded=True),
         _plain("lost"),
+        _plain("nvlink_crc_errors"),
+        _plain("nvlink_replay_errors"),
+        _plain("nvlink_recovery_errors"),
+        _plain("pcie_replays"),
+        _plain("remapped_rows_pending"),
+        _plain("remap_failure"),
+        _plain("retired_pages_pending"),
     )
 }
 """Every measurement column of ``gpu_samples``, in table order."""

@@ -160,7 +160,7 @@ def _start_kineto(settings: AgentSettings, shipper: Shipper, once: bool) -> Kine
 
 
 def _serve(settings: AgentSettings, once: bool, stop: threading.Event) -> int:
-    sampler = NvmlSampler(settings.nvml_library)
+    sampler = NvmlSampler(settings.nvml_library, events=True)  # the daemon ships the GPUs' Xid errors
     try:
         sampler.open()
     except NvmlUnavailable as exc:

@@ -10,10 +10,13 @@ Rules and what they read:
 
 * ``hung_rank``: a rank has made no step for ``hung_factor`` × its own median step time, and at
   least ``hung_min_s``, while the job still runs. When every rank has stopped, one finding for
-  the whole job ("looks hung") instead of one per rank.
+  the whole job ("looks hung") instead of one per rank, naming the rank(s) the others wait for
+  when the ranks' phases say it (:mod:`jobsight.protocol.step_phases`: one still in its forward
+  pass while the others wait in backward's all-reduce), else the rank whose steps stopped first.
 * ``straggler``: over the recent window, one rank's own work per step (data wait + forward, the
   part no collective waits in) is well above the other ranks' (``diagnosis.stragglers``); where
-  the integration does not measure forward time, the step time itself.
+  the integration does not measure forward time, the step time itself. While the job looks hung,
+  only a rank the others wait for may be named: a rank waiting on a hung peer is no straggler.
 * ``idle_allocation``: GPUs of the job under ``idle_util`` % for ``idle_min_s`` or longer.
 * ``low_utilisation``: the job's mean GPU utilisation under ``low_util`` % over ``low_util_window_s``.
 * ``memory_unused``: at the end, no GPU of the job used ``memory_unused_share`` of its memory.
@@ -27,6 +30,17 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from jobsight.protocol.diagnosis import Thresholds, stragglers
+from jobsight.protocol.step_phases import (
+    BACKWARD,
+    COLLECTIVE,
+    ORDER,
+    Behind,
+    PendingPhase,
+    behind,
+    clock,
+    place,
+    rank_list,
+)
 
 RULES = ("hung_rank", "straggler", "idle_allocation", "low_utilisation", "memory_unused")
 SEVERITIES = ("info", "warning", "critical")
@@ -64,6 +78,9 @@ class RankSteps:
     """Mean step time over the window."""
     window_own_s: float | None = None
     """Mean data wait + forward time over the window, when every step of it measured forward."""
+    pending: PendingPhase | None = None
+    """Where it is inside the step it has not finished, when it said so after its last step
+    (read only for ranks silent past ``hung_min_s``)."""
 
 
 @dataclass(frozen=True)
@@ -131,11 +148,113 @@ def _gpu_evidence(gpus: Sequence[GpuWindow]) -> dict[str, Any]:
     }
 
 
+def _stopped(job: JobHealthInput, t: HealthThresholds) -> list[RankSteps]:
+    return [r for r in job.ranks if job.now - r.last_step_at > hung_after(r, t)]
+
+
+def _phases(ranks: Sequence[RankSteps]) -> dict[int, PendingPhase]:
+    return {r.rank: r.pending for r in ranks if r.pending is not None}
+
+
+def _held_by(job: JobHealthInput, t: HealthThresholds) -> Behind | None:
+    """When no rank steps and every rank said where it is, the ranks the others wait for."""
+    if not job.running or not job.ranks or len(_stopped(job, t)) < len(job.ranks):
+        return None
+    phases = _phases(job.ranks)
+    return behind(phases) if len(phases) == len(job.ranks) else None
+
+
+def _is(ranks: Sequence[int]) -> str:
+    return "is" if len(ranks) == 1 else "are"
+
+
+def _cap(text: str) -> str:
+    return text[:1].upper() + text[1:]
+
+
+def _stacks(ranks: Sequence[int]) -> str:
+    return f"rank {ranks[0]}'s stack" if len(ranks) == 1 else f"the stacks of {rank_list(ranks)}"
+
+
+def _where(ranks: Sequence[int], phases: Mapping[int, PendingPhase], *, still: bool = False) -> str:
+    """Where ``ranks`` (all at one point) are, as a clause: "rank 1 is still in the forward pass of
+    step 57 (since 12:03:10 UTC)", with the earliest ``since`` of them."""
+    since = clock(min(phases[r].since for r in ranks))
+    return f"{rank_list(ranks)} {_is(ranks)} {'still ' if still else ''}{place(phases[ranks[0]])} (since {since})"
+
+
+def _groups(ranks: Iterable[int], phases: Mapping[int, PendingPhase]) -> list[list[int]]:
+    """``ranks`` grouped by the point they are at, furthest on first."""
+    by: dict[tuple[int, str], list[int]] = {}
+    for r in sorted(ranks):
+        by.setdefault((phases[r].step, phases[r].phase), []).append(r)
+    return [by[k] for k in sorted(by, key=lambda k: (k[0], ORDER.get(k[1], -1)), reverse=True)]
+
+
+def _phase_evidence(phases: Mapping[int, PendingPhase]) -> dict[str, Any]:
+    return {str(r): {"step": p.step, "phase": p.phase, "since": round(p.since, 3)} for r, p in sorted(phases.items())}
+
+
+def _job_hung(job: JobHealthInput, silent: Mapping[int, float], evidence: dict[str, Any]) -> Finding:
+    """One finding for a job where no rank steps. Its subject stays the job's whatever it names, so
+    phases that arrive after it opened update it rather than open another."""
+    quiet = _minutes(min(silent.values()))
+    phases = _phases(job.ranks)
+    if phases:
+        evidence["phases"] = _phase_evidence(phases)
+    by_rank = {r.rank: r for r in job.ranks}
+    held = behind(phases) if len(phases) == len(job.ranks) else None
+    if held is not None:
+        stuck = list(held.behind)
+        evidence.update(behind=stuck, waiting=list(held.ahead))
+        others = "; ".join(_where(g, phases) for g in _groups(held.ahead, phases))
+        why = (": the gradient all-reduce in backward needs every rank"
+               if any(phases[r].phase == BACKWARD for r in held.ahead) else "")
+        lead = by_rank[stuck[0]]
+        return Finding(
+            "hung_rank", "", "critical", "Job looks hung",
+            f"No rank has made a step for {quiet}: {_where(stuck, phases, still=True)}, while {others}. "
+            f"{_cap(rank_list(held.ahead))} got further and wait{'s' if len(held.ahead) == 1 else ''} for "
+            f"{rank_list(stuck)}, which never got there{why} (each rank reports the phase of a step it stays in). "
+            f"Check {_stacks(stuck)} (py-spy dump) before the time limit burns the allocation; the others only wait.",
+            evidence, rank=stuck[0] if len(stuck) == 1 else None, at=lead.last_step_at,
+        )
+    where = "; ".join(_where(g, phases) for g in _groups(phases, phases)) if phases else ""
+    if (len(phases) == len(job.ranks) and len({(p.step, p.phase) for p in phases.values()}) == 1
+            and next(iter(phases.values())).phase in ORDER):
+        at = min(r.last_step_at for r in job.ranks)
+        return Finding(
+            "hung_rank", "", "critical", "Job looks hung",
+            f"No rank has made a step for {quiet}, and every rank is at the same point: "
+            f"{_where(sorted(phases), phases)}. None is behind the others, so no one rank holds them: a collective "
+            "that never completes (NCCL or the network, or ranks calling different collectives) or something they "
+            "all wait on. Check a few ranks' stacks (py-spy dump) before the time limit burns the allocation.",
+            evidence, at=at,
+        )
+    # Phases unknown (an agent that does not report them) or not telling: the rank whose steps
+    # stopped first, passing over ranks known to wait in a collective (their last steps end with
+    # the stuck rank's, so the tie is broken by timestamps alone).
+    waiting = {r for r, p in phases.items() if p.phase in COLLECTIVE}
+    unknown = sorted(r.rank for r in job.ranks if r.rank not in phases)
+    first = min([r for r in job.ranks if r.rank not in waiting] or job.ranks, key=lambda r: (r.last_step_at, r.rank))
+    return Finding(
+        "hung_rank", "", "critical", "Job looks hung",
+        f"No rank has made a step for {quiet} (rank {first.rank} stopped first, "
+        f"{_minutes(silent[first.rank])} ago), against a usual step of {first.median_step_s:.2f} s, while the job is "
+        "still running: a collective that never completes (an NCCL hang) or a stuck rank holds the whole "
+        f"allocation. Check rank {first.rank}'s stack (py-spy dump) before the time limit burns it."
+        + (f" Where the ranks said they are: {where}" if where else "")
+        + (f"; {rank_list(unknown)} said nothing (an agent that does not report phases, or a process stuck "
+           "where Python cannot run)." if where and unknown else "." if where else ""),
+        evidence, at=first.last_step_at,
+    )
+
+
 def hung(job: JobHealthInput, t: HealthThresholds) -> list[Finding]:
     if not job.running or not job.ranks:
         return []
     silent = {r.rank: job.now - r.last_step_at for r in job.ranks}
-    stopped = [r for r in job.ranks if silent[r.rank] > hung_after(r, t)]
+    stopped = _stopped(job, t)
     if not stopped:
         return []
     per_rank = {
@@ -145,24 +264,17 @@ def hung(job: JobHealthInput, t: HealthThresholds) -> list[Finding]:
     }
     evidence = {"ranks": per_rank, **_gpu_evidence(job.gpus)}
     if len(stopped) == len(job.ranks):
-        first = min(job.ranks, key=lambda r: (r.last_step_at, r.rank))
-        longest = max(silent.values())
-        return [Finding(
-            "hung_rank", "", "critical", "Job looks hung",
-            f"No rank has made a step for {_minutes(min(silent.values()))} (rank {first.rank} stopped first, "
-            f"{_minutes(longest)} ago), against a usual step of {first.median_step_s:.2f} s, while the job is "
-            "still running: a collective that never completes (an NCCL hang) or a stuck rank holds the whole "
-            "allocation. Check rank " f"{first.rank}'s stack (py-spy dump) before the time limit burns it.",
-            evidence, at=first.last_step_at,
-        )]
+        return [_job_hung(job, silent, evidence)]
     out = []
     for r in stopped:
+        where = f" It is {place(r.pending)} (since {clock(r.pending.since)})." if r.pending else ""
         out.append(Finding(
             "hung_rank", f"rank {r.rank}", "critical", f"Rank {r.rank} has stopped stepping",
             f"Rank {r.rank} has made no step for {_minutes(silent[r.rank])}, {silent[r.rank] / r.median_step_s:.0f}× "
-            f"its usual {r.median_step_s:.2f} s, while the other ranks go on.",
+            f"its usual {r.median_step_s:.2f} s, while the other ranks go on.{where}",
             {**evidence, "rank": r.rank, "silent_s": round(silent[r.rank], 1),
-             "median_step_s": round(r.median_step_s, 6), "threshold_s": round(hung_after(r, t), 1)},
+             "median_step_s": round(r.median_step_s, 6), "threshold_s": round(hung_after(r, t), 1),
+             **({"phases": _phase_evidence({r.rank: r.pending})} if r.pending else {})},
             rank=r.rank, at=r.last_step_at,
         ))
     return out
@@ -175,6 +287,12 @@ def straggler(job: JobHealthInput, t: HealthThresholds) -> list[Finding]:
     own = all(r.window_own_s is not None for r in ranks)
     values = {r.rank: (r.window_own_s if own else r.window_step_s) or 0.0 for r in ranks}
     slow = stragglers(values, Thresholds(straggler_ratio=t.straggler_ratio, straggler_min_s=t.straggler_min_s))
+    if len(_stopped(job, t)) == len(job.ranks):
+        # No rank steps: the window holds only what came before, and a rank waiting in the
+        # all-reduce for a stuck peer is not slow. Only a rank the others are known to wait for
+        # may still be named.
+        held = _held_by(job, t)
+        slow = [r for r in slow if held is not None and r in held.behind]
     if not slow:
         return []
     rank = slow[0]

@@ -159,6 +159,42 @@ class GpuSample:
     lost: bool | None = False
     """The GPU fell off the bus; every measurement is ``None``. Optional on the wire
     (absent from older agents' records), always set by this one."""
+    # What says why a GPU is slow or about to fail, read on the physical GPU's row only (a MIG
+    # device's row has ``None``: the links, the bus and the memory are the whole GPU's). Counters
+    # count since the driver loaded, so a rise between samples is what happened in between.
+    nvlink_crc_errors: Int8 | None = None
+    """NVLink CRC errors (flow-control flits and data) summed over the GPU's links: a link that
+    keeps counting them retransmits, and collectives over it slow down. ``None`` without NVLink
+    (PCIe cards), or when one of its links could not be read this tick."""
+    nvlink_replay_errors: Int8 | None = None
+    """NVLink replays (packets sent again) summed over the links, like ``nvlink_crc_errors``."""
+    nvlink_recovery_errors: Int8 | None = None
+    """NVLink recoveries (a link retrained after a fault) summed over the links, like
+    ``nvlink_crc_errors``: traffic stalls while one lasts."""
+    pcie_replays: Int8 | None = None
+    """PCIe replays: packets the GPU's PCIe link sent again (a marginal riser, slot or cable)."""
+    remapped_rows_pending: bool | None = None
+    """A memory row remap waits for the GPU's next reset (A100 and later): until then the bad row
+    is in use, and uncorrectable errors may recur."""
+    remap_failure: bool | None = None
+    """A row could not be remapped (no spare left): the GPU needs service."""
+    retired_pages_pending: bool | None = None
+    """A memory page waits to be retired at the next driver reload (page retirement: before A100)."""
+
+
+@dataclass(kw_only=True)
+class GpuEvent:
+    """Something NVML reported about a GPU as it happened: a critical Xid error. The node daemon
+    gathers these between samples (NVML's event set), stamps each with the tick it read it at and
+    sends it for every job its GPU's samples go to."""
+
+    gpu_index: Int2
+    gpu_uuid: str
+    event: str
+    """What happened: ``xid`` (``nvmlEventTypeXidCriticalError``), the only kind sent so far."""
+    code: Int8
+    """The Xid number (79: the GPU fell off the bus; 48: a double-bit ECC error; 94/95: a
+    contained/uncontained memory error; 13, 31, 43: errors of the application's own)."""
 
 
 @dataclass(kw_only=True)
@@ -300,4 +336,5 @@ RECORDS: Final[dict[str, type[Any]]] = {
     "job_started": JobStarted,
     "job_ended": JobEnded,
     "dropped": Dropped,
+    "gpu_event": GpuEvent,
 }

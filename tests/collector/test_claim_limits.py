@@ -61,6 +61,18 @@ def test_a_gpu_index_past_the_bound_is_refused_by_record_and_field(
     assert stored(db, "gpu_samples", job_id) == 1
 
 
+def test_a_gpu_event_past_the_gpu_bound_is_refused(client: Any, db: psycopg.Connection[Any], job_id: str) -> None:
+    """An Xid event names its GPU like a sample does: held to the same bound."""
+    ts = now_us()
+    event = {"kind": "gpu_event", "job": job_id, "ts": ts, "node": "n1", "gpu_index": GPUS, "gpu_uuid": "GPU-x",
+             "event": "xid", "code": 79}
+    assert refused(post(client, gz([event]))) == {
+        "error": f"gpu_index {GPUS} is past the collector's max_gpus_per_job: it must be under {GPUS}",
+        "record": 0, "field": "gpu_index"}
+    assert post(client, gz([{**event, "gpu_index": GPUS - 1}])).status_code == 200
+    assert stored(db, "gpu_events", job_id) == 1
+
+
 def test_a_rank_past_the_bound_is_refused_by_record_and_field(
     client: Any, db: psycopg.Connection[Any], job_id: str
 ) -> None:

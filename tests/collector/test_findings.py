@@ -5,6 +5,7 @@ tests/protocol/test_health_rules.py; real DDP runs in tests/frameworks/test_heal
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import os
 import time
@@ -20,6 +21,7 @@ from jobsight.agent.node.nvml import NvmlSampler
 from jobsight.collector.config.health import load_health_settings
 from jobsight.collector.passes.findings import HealthEvaluator
 from jobsight.protocol.report_text import format_report
+from jobsight.protocol.step_phases import BACKWARD, FORWARD, PendingPhase
 from tests.collector.helpers import gz, post
 
 FAKE = Path(__file__).resolve().parents[1] / "fake_nvml" / "scenarios"
@@ -178,3 +180,55 @@ def test_findings_api_job_and_cluster_views(client: Any, conn: psycopg.Connectio
     assert "Health" in text and "[critical] Job looks hung (hung_rank; opened" in text
     assert client.get("/v1/findings", params={"state": "sideways"}).status_code == 422
     assert client.get("/v1/findings", headers={"Authorization": "Bearer nope"}).status_code == 401
+
+
+def phase_report(job: str, rank: int, step: int, phase: str, since_us: int, sent_us: int) -> dict[str, Any]:
+    """The log record a rank's step watch sends (agent/training/step_watch.py)."""
+    return {"kind": "log", "job": job, "ts": sent_us, "node": "n1", "rank": rank, "pid": 100 + rank, "level": "INFO",
+            "logger": "jobsight.run", "message": f"step {step} has been in {phase} for 30 s",
+            "attrs": PendingPhase(step, phase, since_us / 1e6).attrs()}
+
+
+def test_a_hung_job_names_the_rank_still_in_its_forward_pass_once_the_phases_arrive(
+    client: Any, conn: psycopg.Connection[dict[str, Any]], job_id: str
+) -> None:
+    now = time.time()
+    t0 = int(now * 1e6) - 60_000_000
+    # Synchronous DDP: both ranks made 40 steps of 0.5 s and stopped together, rank 0's last step
+    # a millisecond earlier; its own work looked slower over the window (a straggler, but for the hang).
+    rank0 = [{**r, "ts": r["ts"] - 1000, "forward_s": 0.45} for r in steps(job_id, 0, t0, 40, 0.5)]
+    records = [started(job_id, t0), *rank0, *steps(job_id, 1, t0, 40, 0.5)]
+    assert post(client, gz(records)).status_code == 200
+    last = t0 + int(39 * 0.5 * 1e6)
+    health = evaluator(hung_min_s=5)
+    stepping = [f for f in health.evaluate_once(conn, last / 1e6 + 1).opened if f["job_id"] == job_id]
+    assert [(f["rule"], f["subject"]) for f in stepping] == [("straggler", "rank 0")]
+    # No rank steps any more: the job looks hung, and a rank that may only be waiting is no straggler.
+    first = health.evaluate_once(conn, now)
+    [hung] = [f for f in first.opened if f["job_id"] == job_id]
+    assert (hung["rule"], hung["subject"]) == ("hung_rank", "")
+    assert "rank 0 stopped first" in hung["message"], "no phases yet: today's words"
+    assert [f["rule"] for f in first.resolved if f["job_id"] == job_id] == ["straggler"]
+
+    # The step watches report: rank 1 is still in the forward pass of step 40, rank 0 waits in
+    # backward; an older report of rank 1's, from before its last step, is over.
+    reports = [phase_report(job_id, 1, 39, FORWARD, last - 400_000, last - 100),
+               phase_report(job_id, 0, 40, BACKWARD, last + 200_000, last + 30_000_000),
+               phase_report(job_id, 1, 40, FORWARD, last + 50_000, last + 30_000_000)]
+    assert post(client, gz(reports)).status_code == 200
+    again = health.evaluate_once(conn, now + 1)
+    assert not [f for f in again.opened if f["job_id"] == job_id], "the same finding, updated"
+    [finding] = open_findings(conn, job_id)
+    assert finding["rank"] == 1 and finding["evidence"]["behind"] == [1] and finding["evidence"]["waiting"] == [0]
+    assert "rank 1 is still in the forward pass of step 40" in finding["message"]
+    assert "rank 0 is in backward of step 40" in finding["message"]
+    assert not [f for f in open_findings(conn, job_id) if f["rule"] == "straggler"]
+
+    # The stuck rank's own phase report from before its last step alone says nothing of now.
+    stale = evaluator(hung_min_s=5)
+    conn.execute("DELETE FROM log_events WHERE job_id = %s AND rank = 1 AND ts > %s",
+                 (job_id, dt.datetime.fromtimestamp(last / 1e6, dt.UTC)))
+    stale.evaluate_once(conn, now + 2)
+    [finding] = open_findings(conn, job_id)
+    assert finding["rank"] is None and "rank 1 stopped first" in finding["message"]
+    assert "rank 1 said nothing" in finding["message"]

@@ -114,7 +114,7 @@ def test_the_openapi_schema_describes_the_ingest_body(client: Any, job_id: str) 
     assert set(schema["required"]) == {"v", "source", "seq", "records"}
     kinds = {item["properties"]["kind"]["enum"][0] for item in schema["properties"]["records"]["items"]["oneOf"]}
     assert kinds == {"gpu_sample", "host_sample", "log", "metric", "step", "profile", "job_started", "job_ended",
-                     "dropped"}
+                     "dropped", "gpu_event"}
     # Every kind, every optional field filled, as the agent sends them: valid against the schema.
     batch = json.loads(gzip.decompress(encode_batch("schema", next_seq(), one_of_each(job_id))))
     jsonschema.Draft202012Validator(schema).validate(batch)

@@ -5,7 +5,9 @@ real Slurm, submitted as an ordinary user, are tests/slurm/test_hostile_jobs.py)
 * act for a job that runs as another uid: a job token counts only for the uid it was minted for;
 * hide idle GPUs behind its own ``gpu_sample`` records: for a job a prolog registered, those become
   self-reported metrics, and the node's samples alone reach the tables findings, summaries and the
-  audit read.
+  audit read;
+* blame the hardware with ``gpu_event`` records of Xid errors it made up: the same rule, the node's
+  events alone reach ``gpu_events``.
 """
 
 from __future__ import annotations
@@ -112,6 +114,30 @@ def test_a_registered_jobs_own_gpu_samples_are_kept_as_self_reported(secret_clie
     assert kept == [("self-reported/n1/gpu0/mem_used", 1024.0),
                     ("self-reported/n1/gpu0/util_gpu", 95.0)]
     assert db.execute("SELECT count(*) FROM log_events WHERE job_id = %s", (job_id,)).fetchone()[0] == 1
+
+
+def xid(job: str, code: int, node: str = "n1") -> dict[str, Any]:
+    return {"kind": "gpu_event", "job": job, "ts": now_us(), "node": node, "gpu_index": 0, "gpu_uuid": "GPU-h",
+            "event": "xid", "code": code}
+
+
+def test_a_registered_jobs_own_xid_events_are_kept_as_self_reported(secret_client: Any, db: Any, job_id: str) -> None:
+    """A slow job cannot send Xid 79 for its GPU and have the node look broken (and drained): it
+    does not reach gpu_events, where the node daemon's events go."""
+    node = mint_node_token(SECRET, "default", "n1")
+    assert post(secret_client, encode_batch("prolog", next_seq(), [prolog(job_id)]), **bearer(node)).status_code == 200
+    real = post(secret_client, encode_batch("daemon", next_seq(), [gpu(job_id, 90.0), xid(job_id, 48)]), **bearer(node))
+    assert real.status_code == 200, real.text
+    own = mint_job_token(SECRET, "default", job_id, 3600, uid=1001)
+    forged = post(secret_client, encode_batch("job", next_seq(), [xid(job_id, 79)]), **bearer(own))
+    assert forged.status_code == 200, forged.text
+    assert db.execute("SELECT event, code FROM gpu_events WHERE job_id = %s", (job_id,)).fetchall() == [("xid", 48)]
+    kept = db.execute("SELECT name, value FROM metrics WHERE job_id = %s", (job_id,)).fetchall()
+    assert kept == [("self-reported/n1/gpu0/xid", 79.0)]
+    # Another node's token cannot send events for the job either: the allocation binds it.
+    stranger = mint_node_token(SECRET, "default", "n9")
+    refused = post(secret_client, encode_batch("n9", next_seq(), [xid(job_id, 79, node="n9")]), **bearer(stranger))
+    assert refused.status_code == 403
 
 
 def test_a_run_outside_slurm_keeps_its_own_samples(secret_client: Any, db: Any, job_id: str) -> None:

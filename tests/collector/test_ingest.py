@@ -14,7 +14,7 @@ import pytest
 from jobsight.protocol.wire import now_us
 from tests.collector.helpers import gz, next_seq, one_of_each, post, raw_gz
 
-TABLES = ("gpu_samples", "host_samples", "log_events", "metrics", "steps", "profiles")
+TABLES = ("gpu_samples", "gpu_events", "host_samples", "log_events", "metrics", "steps", "profiles")
 
 
 def counts(db: psycopg.Connection[Any], job: str) -> dict[str, int]:
@@ -30,13 +30,18 @@ def test_each_record_kind_round_trips(client: Any, db: psycopg.Connection[Any], 
     gpu = db.execute(
         "SELECT node, gpu_index, gpu_uuid, gpu_name, util_gpu, util_mem, mem_used, mem_total, power_w, energy_j,"
         " temp_c, sm_clock_mhz, mem_clock_mhz, pcie_tx_kbs, pcie_rx_kbs, throttle_reasons, ecc_errors,"
-        " process_count, sm_active, tensor_active, lost, (extract(epoch from ts) * 1e6)::bigint"
+        " process_count, sm_active, tensor_active, lost, (extract(epoch from ts) * 1e6)::bigint,"
+        " nvlink_crc_errors, nvlink_replay_errors, nvlink_recovery_errors, pcie_replays, remapped_rows_pending,"
+        " remap_failure, retired_pages_pending"
         " FROM gpu_samples WHERE job_id = %s", (job_id,)).fetchall()
     sent = records[1]
     assert gpu == [(
         "n1", 0, "GPU-aaa", "NVIDIA H100", 87.0, 40.0, 40 * 2**30, 80 * 2**30, 512.5, 123456.5, 61.0, 1980, 2619,
-        1200, 3400, 4, 0, 1, 0.8, 0.5, False, sent["ts"],
+        1200, 3400, 4, 0, 1, 0.8, 0.5, False, sent["ts"], 12, 3, 1, 2**32 - 1, True, False, False,
     )]
+    events = db.execute("SELECT node, gpu_index, gpu_uuid, event, code, (extract(epoch from ts) * 1e6)::bigint"
+                        " FROM gpu_events WHERE job_id = %s", (job_id,)).fetchall()
+    assert events == [("n1", 0, "GPU-aaa", "xid", 79, sent["ts"])]
     host = db.execute("SELECT cpu_util, cpu_time_s, mem_used, mem_limit FROM host_samples WHERE job_id = %s",
                       (job_id,)).fetchall()
     assert host == [(350.0, 12.5, 2**33, 2**35)]

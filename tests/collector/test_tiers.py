@@ -61,9 +61,11 @@ EDGES = [
     {"util_gpu": 0.0, "util_mem": 100.0, "mem_used": 0, "mem_total": 2**63 - 1, "power_w": 0.001, "energy_j": 0.0,
      "temp_c": -273.0, "sm_clock_mhz": -(2**31), "mem_clock_mhz": 2**31 - 1, "pcie_tx_kbs": 0, "pcie_rx_kbs": 7,
      "throttle_reasons": -(2**63), "ecc_errors": 2**40, "process_count": 0, "sm_active": 99.99,
-     "tensor_active": 0.01, "lost": False},
+     "tensor_active": 0.01, "lost": False, "nvlink_crc_errors": 2**63 - 1, "nvlink_replay_errors": 0,
+     "nvlink_recovery_errors": 3, "pcie_replays": 2**32 - 1, "remapped_rows_pending": True, "remap_failure": False,
+     "retired_pages_pending": False},
     {"util_gpu": 100.0, "util_mem": None, "mem_used": None, "power_w": 99999.999, "energy_j": 4294967.295,
-     "temp_c": 1000.0, "lost": True},
+     "temp_c": 1000.0, "lost": True, "nvlink_crc_errors": 5, "remapped_rows_pending": None, "remap_failure": True},
     {"util_gpu": 37.0, "power_w": 512.5, "energy_j": 1.5, "temp_c": 20.0, "sm_active": 0.0},
 ]
 ODD = [

@@ -23,6 +23,7 @@ enum {
     NVML_ERROR_NOT_FOUND = 6,
     NVML_ERROR_INSUFFICIENT_SIZE = 7,
     NVML_ERROR_DRIVER_NOT_LOADED = 9,
+    NVML_ERROR_TIMEOUT = 10,
     NVML_ERROR_FUNCTION_NOT_FOUND = 13,
     NVML_ERROR_GPU_IS_LOST = 15,
     NVML_ERROR_UNKNOWN = 999,
@@ -226,6 +227,28 @@ typedef struct device {
 
 static jnode *g_root;
 static int g_init_count;
+
+/* Test hook: calls per NVML function since the scenario was loaded (fake_nvml_calls). The
+ * names are the string literals each function passes, so they live as long as the library. */
+#define MAX_COUNTED 128
+static struct { const char *fn; unsigned n; } g_counts[MAX_COUNTED];
+static unsigned g_counted;
+
+static void count_call(const char *fn) {
+    for (unsigned i = 0; i < g_counted; i++)
+        if (!strcmp(g_counts[i].fn, fn)) { g_counts[i].n++; return; }
+    if (g_counted < MAX_COUNTED) { g_counts[g_counted].fn = fn; g_counts[g_counted++].n = 1; }
+}
+
+/* An event set: the event types each GPU is registered for, and each GPU's next scripted Xid
+ * not yet delivered to this set. */
+#define MAX_SETS 16
+typedef struct {
+    int live;
+    unsigned long long types[MAX_GPUS];
+    int next_xid[MAX_GPUS];
+} event_set;
+static event_set g_sets[MAX_SETS];
 static unsigned g_gpu_count;
 static device g_gpus[MAX_GPUS];
 static device g_migs[MAX_GPUS][MAX_MIG];
@@ -238,6 +261,9 @@ static void unload_scenario(void) {
     memset(g_gpus, 0, sizeof g_gpus);
     memset(g_migs, 0, sizeof g_migs);
     memset(g_mig_count, 0, sizeof g_mig_count);
+    memset(g_sets, 0, sizeof g_sets); /* a new scenario: sets of the old one are gone */
+    memset(g_counts, 0, sizeof g_counts);
+    g_counted = 0;
 }
 
 static nvmlReturn_t load_scenario(void) {
@@ -316,7 +342,10 @@ static int is_lost(device *d) {
 
 /* The common gate of every device call: initialised, a known handle, the
  * function not scripted as missing, the GPU not lost. */
+static int is_missing(const char *fn) { return jcontains(jget(g_root, "missing"), fn); }
+
 static nvmlReturn_t gate(const char *fn, void *handle, device **out) {
+    count_call(fn);
     if (g_init_count <= 0) return NVML_ERROR_UNINITIALIZED;
     device *d = as_device(handle);
     if (!d) return NVML_ERROR_INVALID_ARGUMENT;
@@ -331,11 +360,11 @@ static nvmlReturn_t gate(const char *fn, void *handle, device **out) {
 /* A scripted value: a number, or a list indexed by the GPU's tick (tick 1 reads
  * element 0; the last element holds). Absent or listed in "not_supported" →
  * NOT_SUPPORTED; listed in "errors" → that error code. */
-static nvmlReturn_t resolve(device *d, const char *field, jnode **out) {
-    jnode *err = jget(jget(d->node, "errors"), field);
+static nvmlReturn_t resolve_in(jnode *obj, device *d, const char *field, jnode **out) {
+    jnode *err = jget(jget(obj, "errors"), field);
     if (err && err->type == J_NUM && jnum_u64(err) != 0) return (nvmlReturn_t)jnum_u64(err);
-    if (jcontains(jget(d->node, "not_supported"), field)) return NVML_ERROR_NOT_SUPPORTED;
-    jnode *v = jget(d->node, field);
+    if (jcontains(jget(obj, "not_supported"), field)) return NVML_ERROR_NOT_SUPPORTED;
+    jnode *v = jget(obj, field);
     if (v && v->type == J_ARR) {
         int n = jlen(v);
         if (n == 0) return NVML_ERROR_NOT_SUPPORTED;
@@ -347,6 +376,8 @@ static nvmlReturn_t resolve(device *d, const char *field, jnode **out) {
     *out = v;
     return NVML_SUCCESS;
 }
+
+static nvmlReturn_t resolve(device *d, const char *field, jnode **out) { return resolve_in(d->node, d, field, out); }
 
 static nvmlReturn_t value_of(device *d, const char *field, unsigned long long *out) {
     jnode *v;
@@ -418,6 +449,7 @@ EXPORT const char *nvmlErrorString(nvmlReturn_t r) {
     case NVML_ERROR_NOT_FOUND: return "Not Found";
     case NVML_ERROR_INSUFFICIENT_SIZE: return "Insufficient Size";
     case NVML_ERROR_DRIVER_NOT_LOADED: return "Driver Not Loaded";
+    case NVML_ERROR_TIMEOUT: return "Timeout";
     case NVML_ERROR_FUNCTION_NOT_FOUND: return "Function Not Found";
     case NVML_ERROR_GPU_IS_LOST: return "GPU is lost";
     default: return "Unknown Error";
@@ -558,9 +590,304 @@ EXPORT nvmlReturn_t nvmlDeviceGetCurrentClocksThrottleReasons(void *handle, unsi
 }
 
 EXPORT nvmlReturn_t nvmlDeviceGetTotalEccErrors(void *handle, int error_type, int counter_type, unsigned long long *count) {
-    /* The scenario scripts volatile counts; aggregate (counter_type 1) reads the same. */
-    (void)counter_type;
-    return get_u64("nvmlDeviceGetTotalEccErrors", handle, error_type == 0 ? "ecc_corrected" : "ecc_uncorrected", count);
+    /* nvmlMemoryErrorType_t: 0 corrected, 1 uncorrected; nvmlEccCounterType_t: 0 volatile (since
+     * the driver loaded), 1 aggregate (the GPU's lifetime), which reads the volatile key unless
+     * its own is scripted. */
+    const char *fn = "nvmlDeviceGetTotalEccErrors";
+    if ((error_type != 0 && error_type != 1) || (counter_type != 0 && counter_type != 1)) {
+        count_call(fn);
+        return g_init_count <= 0 ? NVML_ERROR_UNINITIALIZED : NVML_ERROR_INVALID_ARGUMENT;
+    }
+    const char *field = error_type == 0 ? "ecc_corrected" : "ecc_uncorrected";
+    if (counter_type == 1) {
+        const char *aggregate = error_type == 0 ? "ecc_aggregate_corrected" : "ecc_aggregate_uncorrected";
+        device *d = as_device(handle);
+        if (d && jget(d->node, aggregate)) field = aggregate;
+    }
+    return get_u64(fn, handle, field, count);
+}
+
+/* ------------------------------------------------ counters of faults -- */
+
+EXPORT nvmlReturn_t nvmlDeviceGetPcieReplayCounter(void *handle, unsigned *value) {
+    return get_uint("nvmlDeviceGetPcieReplayCounter", handle, "pcie_replays", value);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetRemappedRows(void *handle, unsigned *corrected, unsigned *uncorrected,
+                                              unsigned *pending, unsigned *failure) {
+    device *d;
+    unsigned long long c = 0, u = 0, p = 0, f = 0;
+    nvmlReturn_t r = gate("nvmlDeviceGetRemappedRows", handle, &d);
+    if (r == NVML_SUCCESS && (!corrected || !uncorrected || !pending || !failure)) r = NVML_ERROR_INVALID_ARGUMENT;
+    if (r == NVML_SUCCESS) r = value_of(d, "remapped_corrected", &c);
+    if (r == NVML_SUCCESS) r = value_of(d, "remapped_uncorrected", &u);
+    if (r == NVML_SUCCESS) r = value_of(d, "remap_pending", &p);
+    if (r == NVML_SUCCESS) r = value_of(d, "remap_failure", &f);
+    if (r == NVML_SUCCESS) {
+        *corrected = (unsigned)c; *uncorrected = (unsigned)u;
+        *pending = p != 0; *failure = f != 0; /* NVML says 0 or 1 */
+    }
+    return r;
+}
+
+/* nvmlEnableState_t *isPending: 0 disabled, 1 enabled. */
+EXPORT nvmlReturn_t nvmlDeviceGetRetiredPagesPendingStatus(void *handle, unsigned *pending) {
+    device *d;
+    unsigned long long v = 0;
+    nvmlReturn_t r = gate("nvmlDeviceGetRetiredPagesPendingStatus", handle, &d);
+    if (r == NVML_SUCCESS) r = pending ? value_of(d, "retired_pages_pending", &v) : NVML_ERROR_INVALID_ARGUMENT;
+    if (r == NVML_SUCCESS) *pending = v != 0;
+    return r;
+}
+
+/* NVLink: "nvlink" lists the GPU's links; each link is an object whose value keys ("active",
+ * "replay", "recovery", "crc_flit", "crc_data", "ecc_data") follow the GPU's tick, with its own
+ * "not_supported" and "errors". */
+#define NVML_NVLINK_MAX_LINKS 36
+
+static nvmlReturn_t nvlink(const char *fn, void *handle, unsigned link, device **d, jnode **out) {
+    nvmlReturn_t r = gate(fn, handle, d);
+    if (r != NVML_SUCCESS) return r;
+    if (link >= NVML_NVLINK_MAX_LINKS) return NVML_ERROR_INVALID_ARGUMENT;
+    jnode *err = jget(jget((*d)->node, "errors"), "nvlink");
+    if (err && err->type == J_NUM && jnum_u64(err) != 0) return (nvmlReturn_t)jnum_u64(err);
+    jnode *links = jget((*d)->node, "nvlink");
+    if (!links || links->type != J_ARR || jcontains(jget((*d)->node, "not_supported"), "nvlink"))
+        return NVML_ERROR_NOT_SUPPORTED; /* a PCIe card, or a MIG device */
+    *out = jat(links, (int)link);
+    /* As NVML: a link past the GPU's own is an invalid argument. */
+    return *out && (*out)->type == J_OBJ ? NVML_SUCCESS : NVML_ERROR_INVALID_ARGUMENT;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetNvLinkState(void *handle, unsigned link, unsigned *active) {
+    device *d;
+    jnode *l, *v;
+    nvmlReturn_t r = nvlink("nvmlDeviceGetNvLinkState", handle, link, &d, &l);
+    if (r != NVML_SUCCESS) return r;
+    if (!active) return NVML_ERROR_INVALID_ARGUMENT;
+    if (!jget(l, "active") && !jget(jget(l, "errors"), "active")) { *active = 1; return NVML_SUCCESS; }
+    r = resolve_in(l, d, "active", &v);
+    if (r == NVML_SUCCESS) *active = jnum_u64(v) != 0;
+    return r;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetNvLinkErrorCounter(void *handle, unsigned link, int counter, unsigned long long *value) {
+    /* nvmlNvLinkErrorCounter_t */
+    static const char *const names[] = {"replay", "recovery", "crc_flit", "crc_data", "ecc_data"};
+    device *d;
+    jnode *l, *v;
+    nvmlReturn_t r = nvlink("nvmlDeviceGetNvLinkErrorCounter", handle, link, &d, &l);
+    if (r != NVML_SUCCESS) return r;
+    if (counter < 0 || counter > 4 || !value) return NVML_ERROR_INVALID_ARGUMENT;
+    r = resolve_in(l, d, names[counter], &v);
+    if (r == NVML_SUCCESS) *value = jnum_u64(v);
+    return r;
+}
+
+/* nvmlDeviceGetFieldValues, for the fields of faults: the NVLink error totals
+ * (NVML_FI_DEV_NVLINK_*_ERROR_COUNT_TOTAL: each the sum of that counter over every link of the GPU
+ * that has it, up or down, as an unsigned long long; a link's error code fails the slot) and the
+ * scalars below (their value keys, as an unsigned int: only the union's first 4 bytes are
+ * written, as NVML does). Any other field answers NOT_SUPPORTED in its own slot. */
+typedef struct {
+    unsigned fieldId, scopeId;
+    long long timestamp, latencyUsec;
+    int valueType;            /* nvmlValueType_t */
+    nvmlReturn_t nvmlReturn;
+    unsigned char value[8];   /* the union nvmlValue_t */
+} nvmlFieldValue_t;
+
+static const struct { unsigned id; const char *key; int flag; } scalar_fields[] = {
+    {94, "pcie_replays", 0},           /* NVML_FI_DEV_PCIE_REPLAY_COUNTER */
+    {142, "remapped_corrected", 0},    /* NVML_FI_DEV_REMAPPED_COR */
+    {143, "remapped_uncorrected", 0},  /* NVML_FI_DEV_REMAPPED_UNC */
+    {144, "remap_pending", 1},         /* NVML_FI_DEV_REMAPPED_PENDING */
+    {145, "remap_failure", 1},         /* NVML_FI_DEV_REMAPPED_FAILURE */
+    {31, "retired_pages_pending", 1},  /* NVML_FI_DEV_RETIRED_PENDING */
+};
+
+static void nvlink_total(device *d, const char *counter, nvmlFieldValue_t *f) {
+    jnode *links = jget(d->node, "nvlink");
+    if (!links || links->type != J_ARR || jcontains(jget(d->node, "not_supported"), "nvlink")) {
+        f->nvmlReturn = NVML_ERROR_NOT_SUPPORTED;
+        return;
+    }
+    unsigned long long total = 0;
+    int found = 0;
+    for (jnode *l = links->child; l; l = l->next) {
+        jnode *v;
+        nvmlReturn_t r = resolve_in(l, d, counter, &v);
+        if (r == NVML_ERROR_NOT_SUPPORTED) continue;
+        if (r != NVML_SUCCESS) { f->nvmlReturn = r; return; }
+        total += jnum_u64(v);
+        found = 1;
+    }
+    f->nvmlReturn = found ? NVML_SUCCESS : NVML_ERROR_NOT_SUPPORTED;
+    f->valueType = 3; /* NVML_VALUE_TYPE_UNSIGNED_LONG_LONG */
+    memcpy(f->value, &total, sizeof total);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetFieldValues(void *handle, int count, nvmlFieldValue_t *values) {
+    device *d;
+    nvmlReturn_t r = gate("nvmlDeviceGetFieldValues", handle, &d);
+    if (r != NVML_SUCCESS) return r;
+    if (count < 0 || (count > 0 && !values)) return NVML_ERROR_INVALID_ARGUMENT;
+    for (int i = 0; i < count; i++) {
+        nvmlFieldValue_t *f = &values[i];
+        f->timestamp = 0;
+        f->latencyUsec = 0;
+        f->nvmlReturn = NVML_ERROR_NOT_SUPPORTED;
+        switch (f->fieldId) {
+        case 38: nvlink_total(d, "crc_flit", f); continue;
+        case 45: nvlink_total(d, "crc_data", f); continue;
+        case 52: nvlink_total(d, "replay", f); continue;
+        case 59: nvlink_total(d, "recovery", f); continue;
+        }
+        for (size_t k = 0; k < sizeof scalar_fields / sizeof scalar_fields[0]; k++) {
+            if (scalar_fields[k].id != f->fieldId) continue;
+            unsigned long long v = 0;
+            f->nvmlReturn = value_of(d, scalar_fields[k].key, &v);
+            if (f->nvmlReturn == NVML_SUCCESS) {
+                unsigned u = scalar_fields[k].flag ? v != 0 : (unsigned)v;
+                f->valueType = 1; /* NVML_VALUE_TYPE_UNSIGNED_INT */
+                memcpy(f->value, &u, sizeof u);
+            }
+        }
+    }
+    return NVML_SUCCESS;
+}
+
+/* -------------------------------------------------------------- events -- */
+
+#define EVENT_XID 0x8ULL /* nvmlEventTypeXidCriticalError */
+/* What a data centre GPU supports: single/double bit ECC, P-state, Xid, clock. */
+#define DEFAULT_EVENT_TYPES 0x1FULL
+
+typedef struct {
+    void *device;
+    unsigned long long eventType, eventData;
+    unsigned gpuInstanceId, computeInstanceId;
+} nvmlEventData_t;
+
+typedef struct { void *device; unsigned long long eventType, eventData; } nvmlEventData_v1_t;
+
+static event_set *as_set(void *set) {
+    event_set *s = set;
+    if (s < g_sets || s >= g_sets + MAX_SETS || (char *)s != (char *)&g_sets[s - g_sets] || !s->live) return NULL;
+    return s;
+}
+
+static nvmlReturn_t event_types(device *d, unsigned long long *types) {
+    jnode *ns = jget(d->node, "not_supported");
+    if (d->is_mig || jcontains(ns, "events")) return NVML_ERROR_NOT_SUPPORTED;
+    jnode *v = jget(d->node, "event_types");
+    *types = v && v->type == J_NUM ? jnum_u64(v) : DEFAULT_EVENT_TYPES;
+    if (jcontains(ns, "xids")) *types &= ~EVENT_XID;
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlEventSetCreate(void **set) {
+    count_call("nvmlEventSetCreate");
+    if (g_init_count <= 0) return NVML_ERROR_UNINITIALIZED;
+    if (is_missing("nvmlEventSetCreate")) return NVML_ERROR_FUNCTION_NOT_FOUND;
+    if (!set) return NVML_ERROR_INVALID_ARGUMENT;
+    for (int i = 0; i < MAX_SETS; i++) {
+        if (!g_sets[i].live) {
+            memset(&g_sets[i], 0, sizeof g_sets[i]);
+            g_sets[i].live = 1;
+            *set = &g_sets[i];
+            return NVML_SUCCESS;
+        }
+    }
+    return NVML_ERROR_UNKNOWN; /* out of sets: a leak in the caller */
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetSupportedEventTypes(void *handle, unsigned long long *types) {
+    device *d;
+    nvmlReturn_t r = gate("nvmlDeviceGetSupportedEventTypes", handle, &d);
+    if (r != NVML_SUCCESS) return r;
+    return types ? event_types(d, types) : NVML_ERROR_INVALID_ARGUMENT;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceRegisterEvents(void *handle, unsigned long long types, void *set) {
+    device *d;
+    unsigned long long supported = 0;
+    nvmlReturn_t r = gate("nvmlDeviceRegisterEvents", handle, &d);
+    if (r != NVML_SUCCESS) return r;
+    event_set *s = as_set(set);
+    if (!s) return NVML_ERROR_INVALID_ARGUMENT;
+    if ((r = event_types(d, &supported)) != NVML_SUCCESS) return r;
+    if (types & ~supported) return NVML_ERROR_NOT_SUPPORTED;
+    if ((types & EVENT_XID) && !(s->types[d->index] & EVENT_XID)) {
+        /* Only what happens from now on is delivered: Xids scripted at or before the GPU's tick are past. */
+        jnode *xids = jget(d->node, "xids");
+        int past = 0;
+        for (jnode *e = xids && xids->type == J_ARR ? xids->child : NULL; e; e = e->next, past++) {
+            jnode *t = jget(e, "tick");
+            if (t && t->type == J_NUM && t->num > (double)d->tick) break;
+        }
+        s->next_xid[d->index] = past;
+    }
+    s->types[d->index] |= types;
+    return NVML_SUCCESS;
+}
+
+/* The earliest Xid of a registered GPU whose tick has come (ties: the lowest index), or TIMEOUT.
+ * The fake never waits: time passes only through the GPUs' ticks. A lost GPU still delivers its
+ * Xids (NVML reports the Xid 79 that loses it). */
+static nvmlReturn_t event_wait(const char *fn, void *set, nvmlEventData_t *data) {
+    count_call(fn);
+    if (g_init_count <= 0) return NVML_ERROR_UNINITIALIZED;
+    if (is_missing(fn)) return NVML_ERROR_FUNCTION_NOT_FOUND;
+    event_set *s = as_set(set);
+    if (!s || !data) return NVML_ERROR_INVALID_ARGUMENT;
+    int best = -1;
+    double best_tick = 0;
+    jnode *best_event = NULL;
+    for (unsigned i = 0; i < g_gpu_count; i++) {
+        if (!(s->types[i] & EVENT_XID)) continue;
+        jnode *e = jat(jget(g_gpus[i].node, "xids"), s->next_xid[i]);
+        if (!e) continue;
+        jnode *t = jget(e, "tick");
+        double tick = t && t->type == J_NUM ? t->num : 0;
+        if (tick <= (double)g_gpus[i].tick && (best < 0 || tick < best_tick)) {
+            best = (int)i, best_tick = tick, best_event = e;
+        }
+    }
+    if (best < 0) return NVML_ERROR_TIMEOUT;
+    s->next_xid[best]++;
+    jnode *code = jget(best_event, "code");
+    *data = (nvmlEventData_t){
+        .device = &g_gpus[best],
+        .eventType = EVENT_XID,
+        .eventData = code && code->type == J_NUM ? jnum_u64(code) : 0,
+        .gpuInstanceId = ~0U, /* not a MIG instance's */
+        .computeInstanceId = ~0U,
+    };
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlEventSetWait_v2(void *set, nvmlEventData_t *data, unsigned timeout_ms) {
+    (void)timeout_ms;
+    return event_wait("nvmlEventSetWait_v2", set, data);
+}
+
+/* The first version's nvmlEventData_t has no instance ids. */
+EXPORT nvmlReturn_t nvmlEventSetWait(void *set, nvmlEventData_v1_t *data, unsigned timeout_ms) {
+    (void)timeout_ms;
+    nvmlEventData_t full;
+    nvmlReturn_t r = event_wait("nvmlEventSetWait", set, data ? &full : NULL);
+    if (r == NVML_SUCCESS) *data = (nvmlEventData_v1_t){full.device, full.eventType, full.eventData};
+    return r;
+}
+
+EXPORT nvmlReturn_t nvmlEventSetFree(void *set) {
+    count_call("nvmlEventSetFree");
+    if (g_init_count <= 0) return NVML_ERROR_UNINITIALIZED;
+    event_set *s = as_set(set);
+    if (!s) return NVML_ERROR_INVALID_ARGUMENT;
+    s->live = 0;
+    return NVML_SUCCESS;
 }
 
 typedef struct {
@@ -741,4 +1068,20 @@ EXPORT unsigned fake_nvml_gpm_samples_live(void) { return g_gpm_live; }
  * (to check that a lost GPU is not asked again). */
 EXPORT unsigned fake_nvml_device_calls(unsigned index) {
     return index < g_gpu_count ? g_gpus[index].calls : 0;
+}
+
+/* Test hook, not NVML: how many times the NVML function `fn` was called since the scenario was
+ * loaded, on every device (to check that what a GPU lacks is not asked again). */
+EXPORT unsigned fake_nvml_calls(const char *fn) {
+    if (!fn) return 0;
+    for (unsigned i = 0; i < g_counted; i++)
+        if (!strcmp(g_counts[i].fn, fn)) return g_counts[i].n;
+    return 0;
+}
+
+/* Test hook, not NVML: event sets created and not yet freed. */
+EXPORT unsigned fake_nvml_event_sets_live(void) {
+    unsigned n = 0;
+    for (int i = 0; i < MAX_SETS; i++) n += (unsigned)g_sets[i].live;
+    return n;
 }

@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -54,10 +55,10 @@ if __name__ == "__main__":
 
 def start_lightning_ddp(
     live: Any, job_id: str, tmp_path: Path, *, slow_rank: int = 1, extra_s: float = 0.05, steps: int = 6,
-    hang_at: int = -1, profile: bool = True,
+    hang_at: int = -1, profile: bool = True, env: Mapping[str, str] | None = None,
 ) -> subprocess.Popen[bytes]:
     """Start :data:`WORKER` against ``live`` in a session of its own (kill the group to stop it);
-    its output goes to ``tmp_path/run.log``."""
+    its output goes to ``tmp_path/run.log``. ``env``: more variables for it (agent settings)."""
     script = tmp_path / "lightning_ddp_worker.py"
     script.write_text(WORKER)
     env = {
@@ -65,7 +66,7 @@ def start_lightning_ddp(
         "JOBSIGHT_JOB_ID": job_id, "JOBSIGHT_SPOOL_DIR": str(tmp_path / "spool"), "JOBSIGHT_BATCH_AGE_S": "0.1",
         "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "PYTHONPATH": str(REPO),
         "SLOW_RANK": str(slow_rank), "EXTRA_S": str(extra_s), "STEPS": str(steps), "HANG_AT": str(hang_at),
-        "PROFILE": "1" if profile else "0",
+        "PROFILE": "1" if profile else "0", **(env or {}),
     }
     with open(tmp_path / "run.log", "wb") as log:
         return subprocess.Popen([sys.executable, str(script)], env=env, cwd=tmp_path, stdout=log,

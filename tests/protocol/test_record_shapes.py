@@ -65,6 +65,7 @@ STORAGE: dict[str, Storage] = {
     "log": Storage("log_events"),
     "metric": Storage("metrics"),
     "step": Storage("steps"),
+    "gpu_event": Storage("gpu_events"),
     "dropped": Storage(
         "log_events",
         not_stored={
@@ -97,6 +98,7 @@ NOT_FROM_RECORDS: dict[str, dict[str, str]] = {
     "log_events": {"cluster": ENVELOPE},
     "metrics": {"cluster": ENVELOPE},
     "steps": {"cluster": ENVELOPE},
+    "gpu_events": {"cluster": ENVELOPE},
     "profiles": {"cluster": ENVELOPE, "id": "an identity the database assigns"},
     "jobs": {
         "cluster": ENVELOPE,
@@ -325,6 +327,7 @@ def test_series_kinds_go_where_ingest_sends_them() -> None:
 def test_derived_fields() -> None:
     assert wire.KINDS == tuple(RECORDS) == (
         "gpu_sample", "host_sample", "log", "metric", "step", "profile", "job_started", "job_ended", "dropped",
+        "gpu_event",
     )
     assert specs.wire_fields(Common) == {"kind": "str", "job": "str", "ts": "int", "node": "str?"}
     gpu = wire.FIELDS["gpu_sample"]
@@ -341,6 +344,11 @@ def test_derived_fields() -> None:
     assert wire.FIELDS["profile"]["trace_gz_b64"] == "text?"
     assert wire.FIELDS["job_started"]["nodes"] == "str_list?"
     assert wire.FIELDS["dropped"] == {"count": "int", "reason": "str?"}
+    assert wire.FIELDS["gpu_event"] == {"gpu_index": "int", "gpu_uuid": "str", "event": "str", "code": "int"}
+    assert list(gpu)[-7:] == [
+        "nvlink_crc_errors", "nvlink_replay_errors", "nvlink_recovery_errors", "pcie_replays",
+        "remapped_rows_pending", "remap_failure", "retired_pages_pending",
+    ]
 
 
 def test_the_validator_follows_the_declaration() -> None:

@@ -35,6 +35,7 @@ def _record(kind: str, **fields: Any) -> dict[str, Any]:
         "job_started": {},
         "job_ended": {},
         "dropped": {"count": 1},
+        "gpu_event": {"gpu_index": 0, "gpu_uuid": "GPU-0", "event": "xid", "code": 79},
     }
     return {"kind": kind, "job": "1", "ts": NOW, **required[kind], **fields}
 
@@ -121,6 +122,10 @@ BIGINT = "integer out of range for its column (-9223372036854775808..92233720368
         ("gpu_sample", "pcie_rx_kbs", 2**31 - 1, INTEGER),
         ("gpu_sample", "process_count", 2**31 - 1, INTEGER),
         ("gpu_sample", "mem_used", 2**63 - 1, BIGINT),
+        ("gpu_sample", "nvlink_crc_errors", 2**63 - 1, BIGINT),
+        ("gpu_sample", "pcie_replays", 2**63 - 1, BIGINT),
+        ("gpu_event", "gpu_index", 2**15 - 1, SMALLINT),
+        ("gpu_event", "code", 2**63 - 1, BIGINT),
         ("job_started", "uid", 2**31 - 1, INTEGER),
         ("job_started", "time_limit_s", 2**31 - 1, INTEGER),
         ("job_ended", "exit_code", 2**31 - 1, INTEGER),
