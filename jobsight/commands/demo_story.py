@@ -14,8 +14,10 @@ makes every rank wait for the slowest before the step can end. The run tells one
    idles with its memory still held, while the other ranks spin in the all-reduce that never
    completes (utilisation high, power low): the classic hang that burns the allocation. The other
    ranks' host side finishes one more step before it blocks (CUDA work is queued asynchronously),
-   so the hung rank is the one whose steps stopped first; then no rank steps again. At
-   ``time_limit_s`` Slurm ends the job (state ``timeout``).
+   so the hung rank is the one whose steps stopped first; then no rank steps again. Like the real
+   agent (``agent/training/step_watch.py``), each rank says :data:`PHASE_REPORT_S` later where it
+   stays: the slow rank in the forward pass of the step it never finished, the others in backward's
+   all-reduce of the next. At ``time_limit_s`` Slurm ends the job (state ``timeout``).
 
 :class:`SimulatedRun` produces the wire records (steps, metrics, logs, job start and end) and
 the GPU loads for any moment; ``demo_cluster`` turns the loads into readings with the simulated
@@ -30,6 +32,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from jobsight.agent.node.simulated_gpus import GiB, GpuLoad
+from jobsight.protocol.step_phases import BACKWARD, FORWARD, PendingPhase
 
 CLUSTER: Final = "simulated"
 NODES: Final = ("sim-gpu01", "sim-gpu02")
@@ -43,6 +46,8 @@ LAUNCH_S: Final = 25.0
 STEPS_PER_EPOCH: Final = 400
 USER, ACCOUNT, PARTITION = "ana", "nlp", "gpu"
 NAME: Final = "simulated: llm-pretrain, 2 nodes × 8 GPUs, data parallel"
+PHASE_REPORT_S: Final = 30.0
+"""How long a rank stays in one phase before it says so (the agent's default ``phase_report_s``)."""
 
 
 @dataclass(frozen=True)
@@ -79,6 +84,10 @@ class SimulatedRun:
         self._memory = [int((58 + self._random.uniform(0, 6)) * GiB) for _ in range(RANKS)]
         self._logged_start = False
         self._ran_ahead = False
+        self._blocked: tuple[float, float, int] | None = None
+        """When the slow rank's last step began, when the others blocked in the never-ending
+        all-reduce, and the step they block in."""
+        self._phases_said = False
         self._pending: tuple[list[float], list[float]] | None = None
 
     @staticmethod
@@ -153,7 +162,7 @@ class SimulatedRun:
         while True:
             began = self._next_start
             if began >= self.end_s or (began >= self.hang_s and self._ran_ahead):
-                return out
+                return out + self._phases_until(t)
             hung = began >= self.hang_s
             if self._pending is None:  # drawn once per step, however many ticks it spans
                 self._pending = self._step_times(began, without=SLOW_RANK if hung else None)
@@ -165,6 +174,26 @@ class SimulatedRun:
             self._next_start = began + max(duration)
             out += self._step_records(began, duration, forward, without=SLOW_RANK if hung else None)
             self._ran_ahead = hung
+            if hung:
+                self._blocked = (began, self._next_start, self._step + 1)
+
+    def _phases_until(self, t: float) -> list[tuple[str, dict[str, Any]]]:
+        """Each rank's phase report, once, when the hang has lasted :data:`PHASE_REPORT_S`: the
+        slow rank is still in the forward pass of the step the others finished without it; they
+        are in backward's all-reduce of the step after, waiting for it."""
+        if self._blocked is None or self._phases_said or t < self._blocked[1] + PHASE_REPORT_S:
+            return []
+        self._phases_said = True
+        stuck_since, blocked_at, step = self._blocked
+        out = []
+        for rank in range(RANKS):
+            where = (PendingPhase(step - 1, FORWARD, stuck_since) if rank == SLOW_RANK
+                     else PendingPhase(step, BACKWARD, blocked_at))
+            report = self._log(max(where.since, blocked_at) + PHASE_REPORT_S, rank, "WARNING",
+                               f"step {where.step} has been in {where.phase} for {PHASE_REPORT_S:.0f} s")
+            report.update(logger="jobsight.run", attrs=where.attrs())
+            out.append((self.place(rank)[0], report))
+        return out
 
     def _step_times(self, began: float, without: int | None = None) -> tuple[list[float], list[float]]:
         """Per rank: the step's duration and its forward time (arrival to backward start). ``without``:

@@ -90,7 +90,7 @@ def test_the_simulated_cluster_ships_the_story_and_the_collector_finds_the_hang(
     migrate.upgrade(empty_database_url)
     collector = LiveCollector(empty_database_url, data_dir, admin_token, tmp_path / "collector.log")
     collector.start()
-    settings = load_demo_settings(healthy_s=20, straggler_s=40, time_limit_s=600, headstart_s=90)
+    settings = load_demo_settings(healthy_s=20, straggler_s=40, time_limit_s=600, headstart_s=100)
     agent = AgentSettings(url=collector.url, token=admin_token, data_dir=str(tmp_path / "agent"))
     now = time.time()
     try:
@@ -105,7 +105,7 @@ def test_the_simulated_cluster_ships_the_story_and_the_collector_finds_the_hang(
             gpus = conn.execute("SELECT count(DISTINCT (node, gpu_index)) AS n, count(*) AS samples FROM gpu_samples "
                                 "WHERE job_id = 'sim-test'").fetchone()
             assert gpus is not None and gpus["n"] == 16
-            assert gpus["samples"] % 16 == 0 and 89 <= gpus["samples"] // 16 <= 91  # 1 Hz for the 90 s head start
+            assert gpus["samples"] % 16 == 0 and 99 <= gpus["samples"] // 16 <= 101  # 1 Hz for the 100 s head start
             ranks = conn.execute("SELECT count(DISTINCT rank) AS n, bool_and(forward_s IS NOT NULL) AS forward "
                                  "FROM steps WHERE job_id = 'sim-test'").fetchone()
             assert ranks is not None and ranks["n"] == RANKS and ranks["forward"]
@@ -114,7 +114,9 @@ def test_the_simulated_cluster_ships_the_story_and_the_collector_finds_the_hang(
             opened = {(f["rule"], f["subject"]): f for f in result.opened}
             assert ("hung_rank", "") in opened, opened
             assert opened[("hung_rank", "")]["at_ts"].timestamp() == pytest.approx(run.hang_s, abs=1.0)
-            assert f"rank {SLOW_RANK}" in opened[("hung_rank", "")]["message"]
+            # The ranks said where they stay (30 s into the hang): the slow one in its forward pass.
+            assert f"rank {SLOW_RANK} is still in the forward pass" in opened[("hung_rank", "")]["message"]
+            assert opened[("hung_rank", "")]["evidence"]["behind"] == [SLOW_RANK]
             assert ("straggler", f"rank {SLOW_RANK}") in opened
     finally:
         collector.kill()
