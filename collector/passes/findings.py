@@ -14,6 +14,9 @@ interval and take over when the leader's connection goes. An evaluation:
   phase reports, ``jobsight.protocol.step_phases``), so a hung job names the rank the others wait for;
 * opens a finding once (the partial unique index on open findings), updates its evidence while
   it lasts, resolves it when the rule no longer fires or the job ends;
+* for a job where a straggler or hung-rank rule fires, reads its hardware over the straggler window
+  (``collector/query/job_hardware.py``: GPU clocks, throttle reasons, error counters, Xids, host
+  CPU, which GPU each rank uses) and judges it again, so the finding says the cause;
 * writes each finding's alerts in the transaction that opens or resolves it (collector/passes/alerts.py).
 
 ``memory_unused`` is a verdict on a whole run: it is written when a job the evaluator saw running
@@ -34,8 +37,10 @@ from psycopg.types.json import Jsonb
 
 from jobsight.collector.config.health import HealthSettings
 from jobsight.collector.passes.leader import LeaderTimer
+from jobsight.collector.query.job_hardware import gpu_name, read_job_hardware
 from jobsight.collector.store.db import Connection
 from jobsight.collector.tiers.step_rollup import NO_RANK
+from jobsight.protocol.hardware_cause import XID_BEFORE_S
 from jobsight.protocol.health import Finding, GpuWindow, HealthThresholds, JobHealthInput, RankSteps, evaluate
 from jobsight.protocol.step_phases import PHASE_EVENT, PendingPhase, parse
 
@@ -44,6 +49,9 @@ log = logging.getLogger("jobsight.collector.passes.findings")
 HEALTH_LOCK_KEY: Final = 0x6A6F6273_68656C74 & 0x7FFFFFFFFFFFFFFF
 """Session advisory lock held by the one evaluating process."""
 LIVE_RULES: Final = ("hung_rank", "straggler", "idle_allocation", "low_utilisation")
+EXPLAINED_RULES: Final = ("hung_rank", "straggler")
+"""Rules whose findings say their hardware cause: a job where one fires has its hardware read and
+is judged again with it."""
 END_EVENTS: Final = ("fit_end", "run_end", "exception")
 """Log events by which a training process says it is done (or failed): its rank is not hung."""
 
@@ -72,6 +80,7 @@ SELECT cluster, job_id, rank, max(last_ts) AS last_ts,
        sum(steps) FILTER (WHERE last_ts >= %(straggler)s) AS w_steps,
        sum(duration_sum) FILTER (WHERE last_ts >= %(straggler)s) AS w_duration,
        sum(coalesce(data_wait_sum, 0) + forward_sum) FILTER (WHERE last_ts >= %(straggler)s) AS w_own,
+       sum(data_wait_sum) FILTER (WHERE last_ts >= %(straggler)s) AS w_wait,
        bool_and(forward_n IS NOT NULL AND forward_n = steps) FILTER (WHERE last_ts >= %(straggler)s) AS w_all_forward
 FROM step_minutes
 WHERE job_id = ANY(%(jobs)s) AND ts >= %(since)s AND rank >= {NO_RANK}
@@ -160,10 +169,6 @@ RETURNING *
 _JOB_FACTS = "SELECT user_name, account, partition, state, end_time FROM jobs WHERE job_id = %s AND cluster = %s"
 
 
-def gpu_name(node: str | None, index: int, mig: str) -> str:
-    return f"{node or '?'}/{index}" + (f"/{mig}" if mig else "")
-
-
 @dataclass
 class Evaluation:
     """What one evaluation did, for logs, tests and the bench."""
@@ -219,6 +224,7 @@ class HealthEvaluator:
                 float(row["w_duration"]) / w_steps if w_steps else None,
                 float(row["w_own"]) / w_steps if w_steps and row["w_all_forward"] and row["w_own"] is not None
                 else None,
+                float(row["w_wait"]) / w_steps if w_steps and row["w_wait"] is not None else None,
             ))
         silent = [
             (key, rank) for key in jobs for rank in self._ranks_ever(conn, key)
@@ -287,6 +293,14 @@ class HealthEvaluator:
         return running, {
             key: JobHealthInput(key[1], now, True, steps.get(key, []), gpus.get(key, [])) for key in keys
         }
+
+    def _with_hardware(self, conn: Connection, key: JobKey, job: JobHealthInput) -> JobHealthInput:
+        """``job`` with its hardware over the straggler window, and its Xids from a while before
+        its earliest last step (a fault may come a little before a rank stops)."""
+        start = job.now - self.thresholds.straggler_window_s
+        last = min((r.last_step_at for r in job.ranks), default=start)
+        hardware = read_job_hardware(conn, key[0], key[1], start, job.now, min(start, last - XID_BEFORE_S))
+        return dataclasses.replace(job, hardware=hardware)
 
     # -- writing ---------------------------------------------------------------------------------
 
@@ -381,6 +395,8 @@ class HealthEvaluator:
         rules = [r for r in self.settings.rules if r in LIVE_RULES]
         for key, job in inputs.items():
             found = evaluate(job, self.thresholds, rules)
+            if any(f.rule in EXPLAINED_RULES for f in found):
+                found = evaluate(self._with_hardware(conn, key, job), self.thresholds, rules)
             self._apply(conn, key, found, open_by_job.get(key, {}), now, running[key], result)
         self._ended(conn, open_by_job, running, now, result)
         self._running = dict(running)

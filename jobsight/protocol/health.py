@@ -17,6 +17,12 @@ Rules and what they read:
   part no collective waits in) is well above the other ranks' (``diagnosis.stragglers``); where
   the integration does not measure forward time, the step time itself. While the job looks hung,
   only a rank the others wait for may be named: a rank waiting on a hung peer is no straggler.
+
+When the evaluator read the job's hardware (``JobHealthInput.hardware``: it does so for a job
+where one of these two rules fires), their findings say why, from
+:mod:`jobsight.protocol.hardware_cause`: the straggler's GPU clocks and what held them, an Xid
+before a rank went silent, link errors, a saturated host, a tripled data wait, or that nothing in
+the hardware differs.
 * ``idle_allocation``: GPUs of the job under ``idle_util`` % for ``idle_min_s`` or longer.
 * ``low_utilisation``: the job's mean GPU utilisation under ``low_util`` % over ``low_util_window_s``.
 * ``memory_unused``: at the end, no GPU of the job used ``memory_unused_share`` of its memory.
@@ -24,12 +30,14 @@ Rules and what they read:
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from jobsight.protocol.diagnosis import Thresholds, stragglers
+from jobsight.protocol.hardware_cause import Cause, JobHardware, hang_cause, straggler_cause
 from jobsight.protocol.step_phases import (
     BACKWARD,
     COLLECTIVE,
@@ -42,6 +50,8 @@ from jobsight.protocol.step_phases import (
     rank_list,
 )
 
+STRAGGLER_ADVICE = "Check its node, GPU clocks and data shard."
+"""What a straggler finding advises when the job's hardware was not read."""
 RULES = ("hung_rank", "straggler", "idle_allocation", "low_utilisation", "memory_unused")
 SEVERITIES = ("info", "warning", "critical")
 
@@ -78,6 +88,8 @@ class RankSteps:
     """Mean step time over the window."""
     window_own_s: float | None = None
     """Mean data wait + forward time over the window, when every step of it measured forward."""
+    window_data_wait_s: float | None = None
+    """Mean data wait (time for its batch) over the window, where measured."""
     pending: PendingPhase | None = None
     """Where it is inside the step it has not finished, when it said so after its last step
     (read only for ranks silent past ``hung_min_s``)."""
@@ -112,6 +124,9 @@ class JobHealthInput:
     gpus: Sequence[GpuWindow] = ()
     memory_peaks: Mapping[str, tuple[int, int]] = field(default_factory=dict)
     """Per GPU, over the whole run: (peak bytes used, bytes total); for ``memory_unused``."""
+    hardware: JobHardware | None = None
+    """The job's GPUs, nodes, Xids and rank placement over the straggler window, when read: the
+    straggler and hung findings then say why."""
 
 
 @dataclass(frozen=True)
@@ -195,6 +210,24 @@ def _phase_evidence(phases: Mapping[int, PendingPhase]) -> dict[str, Any]:
     return {str(r): {"step": p.step, "phase": p.phase, "since": round(p.since, 3)} for r, p in sorted(phases.items())}
 
 
+def _cause_evidence(cause: Cause) -> dict[str, Any]:
+    return {"kind": cause.kind, **cause.evidence}
+
+
+def _with_cause(f: Finding, cause: Cause | None, *, replace: str = "") -> Finding:
+    """``f`` saying ``cause``: its text in place of ``replace`` (the generic advice) or after the
+    message, its evidence under ``cause``, and the GPU and node it names."""
+    if cause is None:
+        return f
+    message = f.message.replace(replace, cause.text) if replace and replace in f.message else f"{f.message} {cause.text}"
+    return dataclasses.replace(f, message=message, evidence={**f.evidence, "cause": _cause_evidence(cause)},
+                               gpu=cause.gpu or f.gpu, node=cause.node or f.node)
+
+
+def _last_steps(ranks: Iterable[RankSteps]) -> dict[int, float]:
+    return {r.rank: r.last_step_at for r in ranks}
+
+
 def _job_hung(job: JobHealthInput, silent: Mapping[int, float], evidence: dict[str, Any]) -> Finding:
     """One finding for a job where no rank steps. Its subject stays the job's whatever it names, so
     phases that arrive after it opened update it rather than open another."""
@@ -211,14 +244,15 @@ def _job_hung(job: JobHealthInput, silent: Mapping[int, float], evidence: dict[s
         why = (": the gradient all-reduce in backward needs every rank"
                if any(phases[r].phase == BACKWARD for r in held.ahead) else "")
         lead = by_rank[stuck[0]]
-        return Finding(
+        cause = hang_cause(stuck, _last_steps(job.ranks), job.hardware) if job.hardware else None
+        return _with_cause(Finding(
             "hung_rank", "", "critical", "Job looks hung",
             f"No rank has made a step for {quiet}: {_where(stuck, phases, still=True)}, while {others}. "
             f"{_cap(rank_list(held.ahead))} got further and wait{'s' if len(held.ahead) == 1 else ''} for "
             f"{rank_list(stuck)}, which never got there{why} (each rank reports the phase of a step it stays in). "
             f"Check {_stacks(stuck)} (py-spy dump) before the time limit burns the allocation; the others only wait.",
             evidence, rank=stuck[0] if len(stuck) == 1 else None, at=lead.last_step_at,
-        )
+        ), cause)
     where = "; ".join(_where(g, phases) for g in _groups(phases, phases)) if phases else ""
     if (len(phases) == len(job.ranks) and len({(p.step, p.phase) for p in phases.values()}) == 1
             and next(iter(phases.values())).phase in ORDER):
@@ -237,6 +271,18 @@ def _job_hung(job: JobHealthInput, silent: Mapping[int, float], evidence: dict[s
     waiting = {r for r, p in phases.items() if p.phase in COLLECTIVE}
     unknown = sorted(r.rank for r in job.ranks if r.rank not in phases)
     first = min([r for r in job.ranks if r.rank not in waiting] or job.ranks, key=lambda r: (r.last_step_at, r.rank))
+    # A GPU fault on one rank's GPU says more than whose last step came first.
+    cause = hang_cause([r.rank for r in job.ranks if r.rank not in waiting], _last_steps(job.ranks),
+                       job.hardware) if job.hardware else None
+    if cause is not None and cause.rank is not None:
+        first = by_rank[cause.rank]
+        evidence["faulty_rank"] = cause.rank
+        return _with_cause(Finding(
+            "hung_rank", "", "critical", "Job looks hung",
+            f"No rank has made a step for {quiet}, against a usual step of {first.median_step_s:.2f} s, while the job "
+            f"is still running; the others wait for rank {first.rank} in a collective that never completes.",
+            evidence, rank=first.rank, at=first.last_step_at,
+        ), cause)
     return Finding(
         "hung_rank", "", "critical", "Job looks hung",
         f"No rank has made a step for {quiet} (rank {first.rank} stopped first, "
@@ -268,7 +314,8 @@ def hung(job: JobHealthInput, t: HealthThresholds) -> list[Finding]:
     out = []
     for r in stopped:
         where = f" It is {place(r.pending)} (since {clock(r.pending.since)})." if r.pending else ""
-        out.append(Finding(
+        cause = hang_cause([r.rank], _last_steps([r]), job.hardware) if job.hardware else None
+        out.append(_with_cause(Finding(
             "hung_rank", f"rank {r.rank}", "critical", f"Rank {r.rank} has stopped stepping",
             f"Rank {r.rank} has made no step for {_minutes(silent[r.rank])}, {silent[r.rank] / r.median_step_s:.0f}× "
             f"its usual {r.median_step_s:.2f} s, while the other ranks go on.{where}",
@@ -276,7 +323,7 @@ def hung(job: JobHealthInput, t: HealthThresholds) -> list[Finding]:
              "median_step_s": round(r.median_step_s, 6), "threshold_s": round(hung_after(r, t), 1),
              **({"phases": _phase_evidence({r.rank: r.pending})} if r.pending else {})},
             rank=r.rank, at=r.last_step_at,
-        ))
+        ), cause))
     return out
 
 
@@ -299,19 +346,21 @@ def straggler(job: JobHealthInput, t: HealthThresholds) -> list[Finding]:
     typical = statistics.median(values.values())
     quantity = "own work per step (data wait + forward)" if own else "step time"
     steps = {str(r.rank): round(r.window_step_s or 0.0, 6) for r in ranks}
-    return [Finding(
+    waits = {r.rank: r.window_data_wait_s for r in ranks if r.window_data_wait_s is not None}
+    cause = straggler_cause(rank, job.hardware, waits) if job.hardware else None
+    return [_with_cause(Finding(
         "straggler", f"rank {rank}", "warning", f"Rank {rank} is a straggler",
         f"Over the last {_minutes(t.straggler_window_s)}, rank {rank}'s {quantity} is {values[rank] * 1000:.1f} ms "
         f"against {typical * 1000:.1f} ms across ranks ({values[rank] / typical:.2f}×)"
         + ("; the other ranks spend the difference waiting for it in the gradient all-reduce, so every step "
            "runs at its pace. " if own else ". ")
-        + "Check its node, GPU clocks and data shard.",
+        + STRAGGLER_ADVICE,
         {"rank": rank, "compared": "data_wait_s + forward_s" if own else "duration_s",
          "by_rank_s": {str(k): round(v, 6) for k, v in values.items()}, "ranks_median_s": round(typical, 6),
          "ratio": round(values[rank] / typical, 3), "step_s_by_rank": steps, "stragglers": slow,
          "window_s": t.straggler_window_s},
         rank=rank,
-    )]
+    ), cause, replace=STRAGGLER_ADVICE)]
 
 
 def idle_allocation(job: JobHealthInput, t: HealthThresholds) -> list[Finding]:

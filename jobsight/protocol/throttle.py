@@ -83,3 +83,26 @@ def labels(mask: int | None) -> list[str]:
 def slowdowns(mask: int | None) -> list[Reason]:
     """The reasons in ``mask`` that hold back a GPU with work (power, thermal, hardware brakes)."""
     return [r for r in reasons(mask) if r.slows]
+
+
+@dataclass(frozen=True)
+class Slowdown:
+    """Reasons a finding names as one cause: NVML's software and hardware thermal bits are one
+    "thermal slowdown" to a user."""
+
+    name: str
+    label: str
+    mask: int
+    measure: str | None
+    """What to show beside it: ``temp_c`` or ``power_w`` while it held (``None``: nothing)."""
+
+
+SLOWDOWNS: Final[tuple[Slowdown, ...]] = (
+    Slowdown("thermal_slowdown", "thermal slowdown", SW_THERMAL_SLOWDOWN.bit | HW_THERMAL_SLOWDOWN.bit, "temp_c"),
+    Slowdown("power_cap", "power cap", SW_POWER_CAP.bit, "power_w"),
+    Slowdown("power_brake", "power brake (hardware)", HW_POWER_BRAKE.bit, "power_w"),
+    Slowdown("hw_slowdown", "hardware slowdown", HW_SLOWDOWN.bit, "temp_c"),
+    Slowdown("board_limit", "board limit", BOARD_LIMIT.bit, None),
+    Slowdown("reliability", "reliability limit", RELIABILITY.bit, None),
+)
+"""Every slowing reason (:data:`SLOWDOWN_MASK`) in exactly one group."""

@@ -118,5 +118,10 @@ def test_the_simulated_cluster_ships_the_story_and_the_collector_finds_the_hang(
             assert f"rank {SLOW_RANK} is still in the forward pass" in opened[("hung_rank", "")]["message"]
             assert opened[("hung_rank", "")]["evidence"]["behind"] == [SLOW_RANK]
             assert ("straggler", f"rank {SLOW_RANK}") in opened
+            # Why: its GPU (node 2, GPU 3) ran throttled and hot, which its samples say.
+            straggler = opened[("straggler", f"rank {SLOW_RANK}")]
+            assert straggler["gpu"] == f"{NODES[1]}/3", straggler
+            assert straggler["evidence"]["cause"]["kind"] == "clocks", straggler["evidence"]
+            assert "thermal slowdown" in straggler["message"] and "MHz against" in straggler["message"]
     finally:
         collector.kill()
