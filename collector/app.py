@@ -17,7 +17,17 @@ from starlette.types import Receive, Scope, Send
 from jobsight.collector.api.auth import Authenticator, ensure_admin_token, load_cluster_secret
 from jobsight.collector.api.errors import install_error_handlers
 from jobsight.collector.api.params import refuse_nul
-from jobsight.collector.api.routes import actions, epochs, findings, health, ingest, jobs, profiles, summaries
+from jobsight.collector.api.routes import (
+    actions,
+    epochs,
+    findings,
+    health,
+    ingest,
+    jobs,
+    profiles,
+    summaries,
+    suspects,
+)
 from jobsight.collector.api.telemetry import CollectorMetrics
 from jobsight.collector.config.settings import CollectorSettings, SettingsError, load_collector_settings
 from jobsight.collector.passes.timers import start_passes
@@ -81,4 +91,5 @@ def create_app(settings: CollectorSettings | None = None) -> FastAPI:
     app.include_router(findings.router)
     app.include_router(epochs.router)
     app.include_router(actions.router)
+    app.include_router(suspects.router)
     return app

@@ -39,6 +39,13 @@ class HealthSettings(TomlTableSettings):
     low_util_window_s: float = Field(_D.low_util_window_s, gt=0)
     memory_unused_share: float = Field(_D.memory_unused_share, ge=0, le=1)
     sample_stale_s: float = Field(_D.sample_stale_s, gt=0)
+    suspect_window_days: float = Field(7.0, gt=0, le=366)
+    """The period the suspect-GPU list and its alert look back over."""
+    suspect_alert_jobs: int = Field(3, ge=0)
+    """A GPU that hurt this many jobs in the period is sent to the alert sinks once a week, with a
+    suggested drain line; 0: never."""
+    suspect_interval_s: float = Field(600.0, gt=0)
+    """How often the evaluator looks for GPUs that crossed ``suspect_alert_jobs``."""
 
     @field_validator("rules")
     @classmethod

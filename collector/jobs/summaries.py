@@ -21,6 +21,8 @@ audit lists):
 * a requeued job (collector/jobs/job_runs.py): the figures above are its latest run's (``run``,
   samples and steps from ``run_start`` on), ``runs`` lists the earlier ones, and ``gpu_hours``
   adds every run's (``run_gpu_hours``: the latest run's alone);
+* per GPU, ``faults`` when it counted errors in the job (collector/jobs/gpu_faults.py: NVLink, PCIe
+  and ECC counters' rise, memory flags, lost); flag ``gpu_faults``;
 * flags: ``idle_gpu`` (a GPU whose mean utilisation is under :data:`IDLE_UTIL` %),
   ``low_utilization`` (job mean under :data:`LOW_UTIL` %), ``memory_mostly_unused``
   (every GPU's peak memory under :data:`LOW_MEMORY_SHARE` of its total).
@@ -34,6 +36,7 @@ from typing import Any, Final
 from psycopg.types.json import Jsonb
 
 from jobsight.collector.jobs import job_runs
+from jobsight.collector.jobs.gpu_faults import gpu_faults
 from jobsight.collector.store.db import Connection
 from jobsight.collector.tiers import reads as tiers
 from jobsight.collector.tiers.rollup import IDLE_UTIL as ROLLUP_IDLE_UTIL
@@ -195,6 +198,11 @@ def compute_summary(conn: Connection, cluster: str, job_id: str) -> dict[str, An
 
     first_sample = min((dt.datetime.fromisoformat(g["first"]) for g in gpus), default=None)
     last_sample = max((dt.datetime.fromisoformat(g["last"]) for g in gpus), default=None)
+    if first_sample is not None and last_sample is not None:
+        faults = gpu_faults(conn, cluster, job_id, run_start or first_sample, last_sample)
+        for g in gpus:
+            if not g["mig_uuid"] and (found := faults.get((g["node"], g["gpu_index"]))):
+                g["faults"] = found
     start = run_start or job["start_time"] or first_sample
     end = job["end_time"] or last_sample
     elapsed_s = max(_seconds(end - start), 0.0) if start is not None and end is not None else None
@@ -227,6 +235,8 @@ def compute_summary(conn: Connection, cluster: str, job_id: str) -> dict[str, An
     shares = [g["peak_mem_share"] for g in gpus if g["peak_mem_share"] is not None]
     if shares and max(shares) < LOW_MEMORY_SHARE:
         flags.append("memory_mostly_unused")
+    if any("faults" in g for g in gpus):
+        flags.append("gpu_faults")
     return {
         "version": SUMMARY_VERSION,
         "run": job["run"],

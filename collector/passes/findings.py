@@ -17,7 +17,8 @@ interval and take over when the leader's connection goes. An evaluation:
 * for a job where a straggler or hung-rank rule fires, reads its hardware over the straggler window
   (``collector/query/job_hardware.py``: GPU clocks, throttle reasons, error counters, Xids, host
   CPU, which GPU each rank uses) and judges it again, so the finding says the cause;
-* writes each finding's alerts in the transaction that opens or resolves it (collector/passes/alerts.py).
+* writes each finding's alerts in the transaction that opens or resolves it (collector/passes/alerts.py);
+* every ``suspect_interval_s``, alerts the GPUs that hurt too many jobs (collector/passes/suspects.py).
 
 ``memory_unused`` is a verdict on a whole run: it is written when a job the evaluator saw running
 has ended, already resolved at the job's end, and alerted once.
@@ -35,8 +36,10 @@ from typing import Any, Final
 
 from psycopg.types.json import Jsonb
 
+from jobsight.collector.config.alerts import AlertSettings
 from jobsight.collector.config.health import HealthSettings
 from jobsight.collector.passes.leader import LeaderTimer
+from jobsight.collector.passes.suspects import alert_suspects
 from jobsight.collector.query.job_hardware import gpu_name, read_job_hardware
 from jobsight.collector.store.db import Connection
 from jobsight.collector.tiers.step_rollup import NO_RANK
@@ -191,8 +194,11 @@ class HealthEvaluator:
     """The rules over the stored rollups; state kept between evaluations is only a cache (the
     ranks each running job has had), so a new leader starts from the database alone."""
 
-    def __init__(self, settings: HealthSettings, enqueue: Enqueue | None = None) -> None:
+    def __init__(self, settings: HealthSettings, enqueue: Enqueue | None = None,
+                 alerts: AlertSettings | None = None) -> None:
         self.settings = settings
+        self.alerts = alerts
+        self._suspects_at = float("-inf")
         self.thresholds: HealthThresholds = settings.thresholds()
         self._enqueue = enqueue
         self._ranks: dict[JobKey, set[int]] = {}
@@ -400,6 +406,9 @@ class HealthEvaluator:
             self._apply(conn, key, found, open_by_job.get(key, {}), now, running[key], result)
         self._ended(conn, open_by_job, running, now, result)
         self._running = dict(running)
+        if self.alerts is not None and now - self._suspects_at >= self.settings.suspect_interval_s:
+            self._suspects_at = now
+            alert_suspects(conn, self.settings, self.alerts, now)
         result.jobs = len(inputs)
         return result
 
@@ -407,10 +416,11 @@ class HealthEvaluator:
 class Evaluator(LeaderTimer[Evaluation]):
     """The health timer: evaluates while this process leads (:data:`HEALTH_LOCK_KEY`)."""
 
-    def __init__(self, database_url: str, settings: HealthSettings, enqueue: Enqueue | None = None) -> None:
+    def __init__(self, database_url: str, settings: HealthSettings, enqueue: Enqueue | None = None,
+                 alerts: AlertSettings | None = None) -> None:
         super().__init__(database_url, HEALTH_LOCK_KEY, "health", settings.interval_s)
         self.settings = settings
-        self.health = HealthEvaluator(settings, enqueue)
+        self.health = HealthEvaluator(settings, enqueue, alerts)
 
     def work(self, conn: Connection) -> Evaluation:
         return self.health.evaluate_once(conn)

@@ -30,7 +30,7 @@ from jobsight.collector.store.db import Connection, autocommit_connection
 
 log = logging.getLogger("jobsight.collector.passes.notices")
 
-KINDS: Final = ("warning", "action", "job_end", "report")
+KINDS: Final = ("warning", "action", "job_end", "report", "suspect")
 
 _ENQUEUE = """
 INSERT INTO notices (cluster, job_id, kind, sink, key, title, lines, notify_type)

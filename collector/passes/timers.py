@@ -76,6 +76,7 @@ def start_passes(pool: ConnectionPool[Connection], partitions: PartitionKeeper, 
         evaluator = Evaluator(
             database_url, health,
             lambda conn, finding, event, job: alerts.enqueue(conn, alert_settings, finding, event, job),
+            alert_settings,
         )
         threading.Thread(target=evaluator.run, args=(stop,), name="jobsight-health", daemon=True).start()
     sender = alerts.AlertSender(pool, alert_settings, settings.dashboard_url)

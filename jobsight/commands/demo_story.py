@@ -216,7 +216,8 @@ class SimulatedRun:
             start = self._log(t, rank, "INFO", f"rank {rank}/{RANKS} on {node} cuda:{gpu}: NCCL process "
                               f"group ready, {BATCH_PER_RANK} samples per step")
             # As the Lightning callback's fit_start says it: the collector learns each rank's GPU.
-            start.update(logger="jobsight.run", attrs={"event": "fit_start", "local_rank": gpu, "device": f"cuda:{gpu}"})
+            start.update(logger="jobsight.run",
+                         attrs={"event": "fit_start", "local_rank": gpu, "device": f"cuda:{gpu}"})
             out.append((node, start))
         return out
 

@@ -180,7 +180,8 @@ def _gpu_evidence(gpu: GpuCondition) -> dict[str, Any]:
             "nvlink_errors": gpu.nvlink_errors, "pcie_replays": gpu.pcie_replays}
 
 
-def _xid_cause(rank: int, gpu: GpuCondition | None, hw: JobHardware, since: float, *, hung_at: float | None) -> Cause | None:
+def _xid_cause(rank: int, gpu: GpuCondition | None, hw: JobHardware, since: float, *,
+               hung_at: float | None) -> Cause | None:
     if gpu is None:
         return None
     xids = sorted((x for x in hw.xids if x.gpu == gpu.gpu and x.at >= since), key=lambda x: x.at)

@@ -219,7 +219,10 @@ def _with_cause(f: Finding, cause: Cause | None, *, replace: str = "") -> Findin
     message, its evidence under ``cause``, and the GPU and node it names."""
     if cause is None:
         return f
-    message = f.message.replace(replace, cause.text) if replace and replace in f.message else f"{f.message} {cause.text}"
+    if replace and replace in f.message:
+        message = f.message.replace(replace, cause.text)
+    else:
+        message = f"{f.message} {cause.text}"
     return dataclasses.replace(f, message=message, evidence={**f.evidence, "cause": _cause_evidence(cause)},
                                gpu=cause.gpu or f.gpu, node=cause.node or f.node)
 
