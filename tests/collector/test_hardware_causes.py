@@ -27,6 +27,7 @@ from jobsight.collector.config.health import load_health_settings
 from jobsight.collector.passes.findings import HealthEvaluator
 from jobsight.collector.passes.suspects import alert_suspects
 from jobsight.collector.query.suspects import suspect_gpus
+from jobsight.protocol.report_text import format_report
 from jobsight.protocol.tokens import mint_job_token
 from tests.collector.helpers import SECRET, gz, post
 
@@ -155,6 +156,10 @@ def test_a_gpu_in_thermal_slowdown_makes_its_rank_a_straggler_and_the_finding_sa
     assert ("Rank 5's GPU (" + f["gpu"] + ") ran at 990 MHz against 1,980 MHz on the others: thermal slowdown "
             "for 100 % of the window at 87 °C.") in f["message"], f["message"]
     assert "Check its node, GPU clocks and data shard." not in f["message"]
+    # The report (and the page's banner, from the same answer) says it.
+    answer = client.get(f"/v1/jobs/{job_id}/findings").json()
+    text = format_report(client.get(f"/v1/jobs/{job_id}").json(), answer)
+    assert "thermal slowdown for 100 % of the window at 87 °C" in text
 
 
 def test_a_slow_rank_on_healthy_hardware_is_told_so_not_given_a_made_up_cause(
