@@ -1,7 +1,7 @@
 """jobsight dashboard: the entry point ``jobsight up`` runs with ``streamlit run``.
 
 It checks settings and identity once per rerun, then hands over to the page; the audit,
-Attention and Actions pages are registered only for admins. Every page has its own address
+Attention, Actions and Suspect GPUs pages are registered only for admins. Every page has its own address
 (:mod:`jobsight.protocol.links`): the root address forwards to ``/jobs``.
 """
 
@@ -21,6 +21,8 @@ PAGES = Path(__file__).resolve().parent / "views"
 # The Actions page's address. Not in jobsight.protocol.links: nothing outside the dashboard links to it yet;
 # it belongs there, beside AUDIT_PAGE, once an alert or a report does.
 ACTIONS_PAGE = "actions"
+# The Suspect GPUs page's address, likewise the dashboard's own until something outside links to it.
+SUSPECTS_PAGE = "suspects"
 
 st.set_page_config(page_title="jobsight", layout="wide")
 
@@ -51,6 +53,8 @@ if viewer.is_admin:
     pages.append(st.Page(PAGES / "attention.py", title="Attention", icon=":material/notification_important:",
                          url_path=links.ATTENTION_PAGE))
     pages.append(st.Page(PAGES / "actions.py", title="Actions", icon=":material/gavel:", url_path=ACTIONS_PAGE))
+    pages.append(st.Page(PAGES / "suspects.py", title="Suspect GPUs", icon=":material/memory:",
+                         url_path=SUSPECTS_PAGE))
 
 with st.sidebar:
     st.caption(f"Signed in as **{plain(viewer.name)}**" + (" (admin)" if viewer.is_admin else ""))

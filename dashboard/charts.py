@@ -28,8 +28,8 @@ from jobsight.protocol import diagnosis
 
 Domain = tuple[dt.datetime, dt.datetime]
 
-MARKER_COLOURS = alt.Scale(domain=["epoch", "profile", "log warning", "log error", "log critical"],
-                           range=["#4c78a8", "#54a24b", "#f58518", "#e45756", "#b00020"])
+MARKER_COLOURS = alt.Scale(domain=["epoch", "profile", "log warning", "log error", "log critical", "xid"],
+                           range=["#4c78a8", "#54a24b", "#f58518", "#e45756", "#b00020", "#7b3294"])
 
 GPU_METRICS = {
     "util_gpu": ("GPU utilisation (%)", alt.Scale(domain=[0, 100])),

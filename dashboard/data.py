@@ -22,14 +22,17 @@ from jobsight.collector.query import actions as action_queries
 from jobsight.collector.query import audit as audit_queries
 from jobsight.collector.query import epoch_energy
 from jobsight.collector.query import findings as finding_queries
+from jobsight.collector.query import gpu_events as gpu_event_queries
 from jobsight.collector.query import logs as log_queries
 from jobsight.collector.query import profiles as profile_queries
 from jobsight.collector.query import series as queries
 from jobsight.collector.query.grids import read_gpu_grid, read_metric_grid, read_step_grid
 from jobsight.collector.query.jobs import get_job, list_jobs
+from jobsight.collector.query.suspects import suspect_gpus
 from jobsight.collector.store.db import Connection, open_pool, unit_of_work
 from jobsight.dashboard.identity import Viewer
 from jobsight.dashboard.settings import dashboard_settings
+from jobsight.protocol.hardware_cause import xid_text
 
 T = TypeVar("T")
 
@@ -156,15 +159,19 @@ def metric_series(ref: JobRef, points: int, most: int) -> pd.DataFrame:
 
 @st.cache_data(ttl=TTL, show_spinner=False)
 def _markers(cluster: str, job_id: str) -> pd.DataFrame:
-    """Timeline markers: warnings and errors from the log, epoch starts, profiling windows."""
+    """Timeline markers: warnings and errors from the log, epoch starts, profiling windows, and the
+    Xid errors its GPUs reported ("Xid 79 (GPU fell off the bus) on n1/3")."""
     logs = _read(log_queries.log_events, cluster, job_id, level="WARNING", limit=200)
     epochs = _read(queries.epoch_starts, cluster, job_id)
     windows = _read(profile_queries.profile_windows, cluster, job_id)
+    xids = _read(gpu_event_queries.job_xids, cluster, job_id)
     rows = [{"kind": f"log {r['level'].lower()}", "start": r["ts"], "end": r["ts"], "label": r["message"][:120]}
             for r in logs]
     rows += [{"kind": "epoch", "start": r["ts"], "end": r["ts"], "label": f"epoch {r['epoch']}"} for r in epochs]
     rows += [{"kind": "profile", "start": r["start"], "end": r["end"],
               "label": f"profile {r['profile_id']} steps {r['step_start']}-{r['step_end']}"} for r in windows]
+    rows += [{"kind": "xid", "start": r["ts"], "end": r["ts"],
+              "label": f"{xid_text(int(r['code']))} on {r['node'] or '?'}/{r['gpu_index']}"} for r in xids]
     return _frame(rows, ("kind", "start", "end", "label"))
 
 
@@ -305,6 +312,22 @@ def action_counts(viewer: Viewer, group: str, *, cluster: str | None, user: str 
     (:func:`jobsight.collector.query.actions.action_counts`)."""
     _admin_actions(viewer)
     return _action_counts(group, (("cluster", cluster), ("user", user), ("account", account), ("since", since)))
+
+
+# ---- suspect GPUs (admins) ---------------------------------------------------------------------
+
+@st.cache_data(ttl=TTL, show_spinner=False)
+def _suspects(since: dt.datetime, until: dt.datetime, cluster: str | None) -> list[dict[str, Any]]:
+    return [gpu.as_json() for gpu in _read(suspect_gpus, since, until, cluster)]
+
+
+def suspects(viewer: Viewer, since: dt.datetime, until: dt.datetime, *, cluster: str | None) -> list[dict[str, Any]]:
+    """The GPUs that hurt jobs in ``[since, until]``, most jobs first, each as
+    :meth:`jobsight.collector.query.suspects.SuspectGpu.as_json` has it, its drain line included
+    (admins only: it names every user's jobs)."""
+    if not viewer.is_admin:
+        raise PermissionError("the suspect GPUs are for admins")
+    return _suspects(since, until, cluster)
 
 
 # ---- energy per epoch (takes a JobRef) -------------------------------------------------------
