@@ -89,6 +89,32 @@ class AgentSettings:
     owned by its user."""
     kineto_trace_cap_bytes: int = 64 * 1024 * 1024
     """A trace larger than this is refused (read no further) and its request fails."""
+    power_source: str = "none"
+    """The node's power beside its GPUs: ``rapl``, ``ipmi``, ``redfish`` or ``none`` (README, "Energy
+    and emissions"); the node daemon splits it across the node's jobs by CPU time."""
+    power_idle_split: str = "cores"
+    """The node's idle power: shared by the jobs' allocated cores (``cores``) or left unassigned (``none``)."""
+    power_interval_s: float = 10.0
+    """Seconds between two reads of a BMC (IPMI, Redfish), on their own thread; RAPL is read every tick."""
+    powercap_root: str = "/sys/class/powercap"
+    ipmitool: str = "ipmitool"
+    ipmi_host: str | None = None
+    """The BMC's address for IPMI over LAN (``lanplus``); unset: the local BMC in-band (``open``)."""
+    ipmi_port: int = 623
+    ipmi_user: str | None = None
+    ipmi_password_file: str | None = None
+    """Root-only file holding the BMC password (given to ipmitool as ``-f``, never on its command line)."""
+    ipmi_sensor: str | None = None
+    """A power sensor's name to read where the BMC has no DCMI power reading."""
+    ipmi_interface: str = "lanplus"
+    redfish_url: str | None = None
+    """The BMC's base URL, ``https://…``."""
+    redfish_credentials_file: str | None = None
+    """Root-only file, one line ``user:password``."""
+    redfish_ca_file: str | None = None
+    """CA bundle that signed the BMC's certificate; unset: the system's."""
+    redfish_chassis: str | None = None
+    """The chassis whose power is read; unset: the first of ``/redfish/v1/Chassis``."""
 
     def kineto_uses_abstract_socket(self) -> bool:
         """Whether the daemon serves ``@dynolog`` rather than per-user socket files."""
@@ -155,10 +181,25 @@ _ENV_NAMES = {
     "kineto_abstract_socket": "JOBSIGHT_KINETO_ABSTRACT_SOCKET",
     "kineto_trace_dir": "JOBSIGHT_KINETO_TRACE_DIR",
     "kineto_trace_cap_bytes": "JOBSIGHT_KINETO_TRACE_CAP_BYTES",
+    "power_source": "JOBSIGHT_POWER_SOURCE",
+    "power_idle_split": "JOBSIGHT_POWER_IDLE_SPLIT",
+    "power_interval_s": "JOBSIGHT_POWER_INTERVAL_S",
+    "powercap_root": "JOBSIGHT_POWERCAP_ROOT",
+    "ipmitool": "JOBSIGHT_IPMITOOL",
+    "ipmi_host": "JOBSIGHT_IPMI_HOST",
+    "ipmi_port": "JOBSIGHT_IPMI_PORT",
+    "ipmi_user": "JOBSIGHT_IPMI_USER",
+    "ipmi_password_file": "JOBSIGHT_IPMI_PASSWORD_FILE",
+    "ipmi_sensor": "JOBSIGHT_IPMI_SENSOR",
+    "ipmi_interface": "JOBSIGHT_IPMI_INTERFACE",
+    "redfish_url": "JOBSIGHT_REDFISH_URL",
+    "redfish_credentials_file": "JOBSIGHT_REDFISH_CREDENTIALS_FILE",
+    "redfish_ca_file": "JOBSIGHT_REDFISH_CA_FILE",
+    "redfish_chassis": "JOBSIGHT_REDFISH_CHASSIS",
 }
 
 # Integer settings with a floor: below it the setting would mean nothing (or everything).
-_AT_LEAST = {"poison_tries": 1, "kineto_trace_cap_bytes": 1024}
+_AT_LEAST = {"poison_tries": 1, "kineto_trace_cap_bytes": 1024, "ipmi_port": 1}
 
 KINETO_SOCKET_DIR_MAX_BYTES = 40
 """``<dir>/<uid>/dynoconfigclient<36-character uuid>`` must fit the 108 bytes of a socket path with
@@ -176,8 +217,33 @@ def _check_kineto_socket_dir(value: str | None) -> str:
     return value.rstrip("/") or "/"
 
 
+def _one_of(*choices: str) -> Callable[[str | None], str]:
+    def check(value: str | None) -> str:
+        if value not in choices:
+            raise ValueError(f"must be one of {', '.join(choices)}")
+        return value
+
+    return check
+
+
+def _check_redfish_url(value: str | None) -> str:
+    # Basic auth goes with every request: never over plain HTTP; the URL is in every error message,
+    # so it holds no credentials; the Redfish paths are the reader's.
+    parsed = urlparse(value or "")
+    if parsed.scheme != "https" or not parsed.hostname or parsed.username or parsed.password \
+            or parsed.path.strip("/") or parsed.query or parsed.fragment:
+        raise ValueError("must be the BMC's https://host[:port], with no path and no credentials")
+    return (value or "").rstrip("/")
+
+
 # Settings whose converted value gets one more check.
-_CHECKS: dict[str, Callable[[str | None], str]] = {"kineto_socket_dir": _check_kineto_socket_dir}
+_CHECKS: dict[str, Callable[[str | None], str]] = {
+    "kineto_socket_dir": _check_kineto_socket_dir,
+    "power_source": _one_of("none", "rapl", "ipmi", "redfish"),
+    "power_idle_split": _one_of("cores", "none"),
+    "ipmi_interface": _one_of("lanplus", "lan", "open"),
+    "redfish_url": _check_redfish_url,
+}
 
 
 def _convert(name: str, raw: Any, default: Any) -> Any:

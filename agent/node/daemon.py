@@ -22,7 +22,9 @@ from dataclasses import dataclass
 from typing import Final
 
 from jobsight.agent.node.attribution import Attributor, pids_by_job
-from jobsight.agent.node.host import HostSampler
+from jobsight.agent.node.gpu_reading import GpuReading
+from jobsight.agent.node.host import HostReading, HostSampler
+from jobsight.agent.node.node_energy import NodeEnergy
 from jobsight.agent.node.nvml import NvmlSampler, NvmlUnavailable
 from jobsight.agent.node.registrations import Registration, read_registrations
 from jobsight.agent.settings import AgentSettings
@@ -60,8 +62,11 @@ class NodeDaemon:
         proc_root: str = "/proc",
         cgroup_root: str = "/sys/fs/cgroup",
         clock: Callable[[], float] = time.monotonic,
+        energy: NodeEnergy | None = None,
     ) -> None:
         self.settings = settings
+        self.energy = energy
+        """The node's power beside its GPUs, split across jobs; ``None``: the GPUs' energy alone."""
         self.sampler = sampler
         self.shipper = shipper
         self.interval_s = max(MIN_INTERVAL_S, interval_s if interval_s is not None else settings.sample_interval_s)
@@ -106,7 +111,7 @@ class NodeDaemon:
                 result.gpu_records += 1
         if result.nvml_ok:
             result.event_records = self._gpu_events(jobs_of_gpu, ts, node)
-        result.host_records = self._host_samples(registrations, ts, node)
+        result.host_records = self._host_samples(registrations, ts, node, _gpu_watts(readings))
         if result.unattributed:
             log.debug("jobsight agent: %d GPU row(s) with no job this tick, not shipped", result.unattributed)
         return result
@@ -135,11 +140,11 @@ class NodeDaemon:
                     self.settings.node,
                 )
 
-    def _host_samples(self, registrations: list[Registration], ts: int, node: str) -> int:
+    def _host_samples(self, registrations: list[Registration], ts: int, node: str, gpu_watts: float) -> int:
         jobs = [r.job_id for r in registrations]
         self._host.forget(jobs)
-        shipped = 0
         by_job: dict[str, list[int]] | None = None
+        readings: dict[str, HostReading] = {}
         for job in jobs:
             pids: list[int] | None = None
             if self._host.find_cgroup(job) is None:
@@ -147,11 +152,24 @@ class NodeDaemon:
                     by_job = pids_by_job(self.proc_root)  # one scan per tick, only when needed
                 pids = by_job.get(job, [])
             reading = self._host.sample(job, pids)
-            if reading is None:
-                continue
-            self.shipper.enqueue({"kind": "host_sample", "job": job, "ts": ts, "node": node, **reading.to_record()})
-            shipped += 1
-        return shipped
+            if reading is not None:
+                readings[job] = reading
+        energy: dict[str, float] = {}
+        if self.energy is not None:
+            energy = self.energy.tick(gpu_watts, self._clock(), {
+                job: (r.cpu_time_s, self._host.cores(job)) for job, r in readings.items()})
+        for job, reading in readings.items():
+            record = {"kind": "host_sample", "job": job, "ts": ts, "node": node, **reading.to_record()}
+            if self.energy is not None and job in energy:
+                record.update(energy_j=energy[job], power_source=self.energy.source.name,
+                              energy_split=self.energy.split_name)
+            self.shipper.enqueue(record)
+        return len(readings)
+
+    def close(self) -> None:
+        """Stop the node power source's background reader, if it has one."""
+        if self.energy is not None:
+            self.energy.close()
 
     def run(self, stop: threading.Event, once: bool = False, before_tick: Callable[[], None] | None = None) -> int:
         """Tick until ``stop`` is set (or once); returns the number of ticks."""
@@ -175,3 +193,12 @@ class NodeDaemon:
                 next_at += missed * self.interval_s
             stop.wait(next_at - now)
         return ticks
+
+
+def _gpu_watts(readings: list[GpuReading]) -> float:
+    """The GPUs' power this tick, each GPU once (its MIG instances' rows repeat the board's)."""
+    by_gpu: dict[int, float] = {}
+    for reading in readings:
+        if reading.power_w is not None:
+            by_gpu[reading.gpu_index] = max(by_gpu.get(reading.gpu_index, 0.0), reading.power_w)
+    return sum(by_gpu.values())

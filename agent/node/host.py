@@ -23,6 +23,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Final
 
+from jobsight.agent.node.energy_split import count_cpus
+
 CPU_UTIL_MAX = 100_000.0
 """The wire's bound on ``cpu_util`` (percent of one CPU)."""
 
@@ -103,6 +105,7 @@ class HostSampler:
         except (OSError, ValueError):
             self._ticks_per_s = 100
         self._absent_until: dict[str, float] = {}
+        self._cores: dict[str, int] = {}
 
     # -- cgroups -----------------------------------------------------------------
 
@@ -183,6 +186,25 @@ class HostSampler:
             limit = None
         return cpu, used, limit
 
+    def cores(self, job: str) -> int | None:
+        """The CPUs Slurm gave the job on this node (its cgroup's cpuset); ``None`` when unknown
+        (no cgroup, no cpuset controller): the energy split then gives it no share of idle power."""
+        if (known := self._cores.get(job)) is not None:
+            return known
+        found = self._paths.get(job)
+        if found is None:
+            return None
+        source, paths = found
+        if source == "cgroup2":
+            text = _read_text(os.path.join(paths[0], "cpuset.cpus.effective"))
+        else:
+            cpuset = self._find(os.path.join(self.cgroup_root, "cpuset"), _V1_PLACES, job)
+            text = _read_text(os.path.join(cpuset, "cpuset.cpus")) if cpuset is not None else None
+        count = count_cpus(text) if text is not None else None
+        if count is not None:
+            self._cores[job] = count  # a job's cpuset is set once, at its start
+        return count
+
     # -- /proc --------------------------------------------------------------------
 
     def _from_proc(self, pids: Iterable[int]) -> tuple[float | None, int | None]:
@@ -257,3 +279,5 @@ class HostSampler:
             del self._paths[job]
         for job in [j for j in self._absent_until if j not in wanted]:
             del self._absent_until[job]
+        for job in [j for j in self._cores if j not in wanted]:
+            del self._cores[job]

@@ -9,7 +9,8 @@ Its own fields come from ``JOBSIGHT_*`` env vars and the ``[collector]`` table o
 * ``alerts`` (:mod:`jobsight.collector.config.alerts`): ``JOBSIGHT_ALERTS_*``, ``[alerts]``;
 * ``reconcile`` (:mod:`jobsight.collector.config.reconcile`): ``JOBSIGHT_RECONCILE_*``, ``[reconcile]``;
 * ``actions`` (:mod:`jobsight.collector.config.actions`): ``JOBSIGHT_ACTIONS_*``, ``[actions]``;
-* ``notices`` (:mod:`jobsight.collector.config.notices`): ``JOBSIGHT_NOTICES_*``, ``[notices]``.
+* ``notices`` (:mod:`jobsight.collector.config.notices`): ``JOBSIGHT_NOTICES_*``, ``[notices]``;
+* ``carbon`` (:mod:`jobsight.collector.config.carbon`): ``JOBSIGHT_CARBON_*``, ``[carbon]``.
 
 :func:`load_collector_settings` reads all of them before anything starts, and a bad value anywhere
 stops the start with one message naming every bad value (STYLE rule 2).
@@ -26,6 +27,7 @@ from pydantic_settings import SettingsConfigDict
 
 from jobsight.collector.config.actions import ActionSettings, load_action_settings
 from jobsight.collector.config.alerts import AlertSettings, load_alert_settings
+from jobsight.collector.config.carbon import CarbonSettings, load_carbon_settings
 from jobsight.collector.config.health import HealthSettings, load_health_settings
 from jobsight.collector.config.notices import NoticeSettings, load_notice_settings
 from jobsight.collector.config.reconcile import ReconcileSettings, load_reconcile_settings
@@ -101,6 +103,7 @@ class CollectorSettings(TomlTableSettings):
     reconcile: ReconcileSettings = Field(default_factory=load_reconcile_settings)
     actions: ActionSettings = Field(default_factory=load_action_settings)
     notices: NoticeSettings = Field(default_factory=load_notice_settings)
+    carbon: CarbonSettings = Field(default_factory=load_carbon_settings)
 
     def resolved_admin_token_file(self) -> Path:
         return self.admin_token_file or self.data_dir / ADMIN_TOKEN_FILE
@@ -116,6 +119,7 @@ SECTIONS: dict[str, tuple[type[BaseModel], Callable[[], BaseModel]]] = {
     "reconcile": (ReconcileSettings, load_reconcile_settings),
     "actions": (ActionSettings, load_action_settings),
     "notices": (NoticeSettings, load_notice_settings),
+    "carbon": (CarbonSettings, load_carbon_settings),
 }
 """Each section of :class:`CollectorSettings`, its type and how it is read."""
 

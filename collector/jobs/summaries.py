@@ -23,6 +23,10 @@ audit lists):
   adds every run's (``run_gpu_hours``: the latest run's alone);
 * per GPU, ``faults`` when it counted errors in the job (collector/jobs/gpu_faults.py: NVLink, PCIe
   and ECC counters' rise, memory flags, lost); flag ``gpu_faults``;
+* node energy (collector/jobs/node_energy.py): the job's share of its nodes' power beside the
+  GPUs, as the node daemons split it, with the sources and splits; ``total_energy_kwh`` is the
+  GPUs' and the nodes'. Emissions are not here: the emissions pass (collector/passes/emissions.py)
+  adds them (``co2e_kg``, ``emissions``) once the summary is stored, and again after each refresh;
 * flags: ``idle_gpu`` (a GPU whose mean utilisation is under :data:`IDLE_UTIL` %),
   ``low_utilization`` (job mean under :data:`LOW_UTIL` %), ``memory_mostly_unused``
   (every GPU's peak memory under :data:`LOW_MEMORY_SHARE` of its total).
@@ -37,6 +41,7 @@ from psycopg.types.json import Jsonb
 
 from jobsight.collector.jobs import job_runs
 from jobsight.collector.jobs.gpu_faults import gpu_faults
+from jobsight.collector.jobs.node_energy import J_PER_KWH, node_energy
 from jobsight.collector.store.db import Connection
 from jobsight.collector.tiers import reads as tiers
 from jobsight.collector.tiers.rollup import IDLE_UTIL as ROLLUP_IDLE_UTIL
@@ -45,7 +50,6 @@ IDLE_UTIL: Final = ROLLUP_IDLE_UTIL
 LOW_UTIL: Final = 30.0
 LOW_MEMORY_SHARE: Final = 0.25
 SUMMARY_VERSION: Final = 1
-J_PER_KWH: Final = 3.6e6
 
 # Samples and minutes come from both storage tiers (collector/tiers/reads.py).
 def _gpu_sql(start: str | None) -> str:
@@ -213,6 +217,8 @@ def compute_summary(conn: Connection, cluster: str, job_id: str) -> dict[str, An
     mean_util = sum(means) / len(means) if means else None
     energies = [g["energy_kwh"] for g in gpus if g["energy_kwh"] is not None]
     energy_kwh = sum(energies) if energies else None
+    node = node_energy(conn, cluster, job_id, run_start)
+    parts = [e for e in (energy_kwh, node["energy_kwh"]) if e is not None]
 
     step_summary: dict[str, Any] | None = None
     if steps is not None:
@@ -250,6 +256,9 @@ def compute_summary(conn: Connection, cluster: str, job_id: str) -> dict[str, An
         "run_gpu_hours": gpu_count * elapsed_s / 3600 if elapsed_s is not None else None,
         "mean_util": mean_util,
         "energy_kwh": energy_kwh,
+        "node_energy_kwh": node["energy_kwh"],
+        "node_energy": node,
+        "total_energy_kwh": sum(parts) if parts else None,
         "gpus": gpus,
         "steps": step_summary,
         "flags": flags,
@@ -274,11 +283,12 @@ def store_summary(conn: Connection, cluster: str, job_id: str) -> dict[str, Any]
         return None
     conn.execute(
         """INSERT INTO job_summaries (cluster, job_id, computed_at, gpu_count, gpu_hours, mean_util,
-               energy_kwh, flags, summary)
-           VALUES (%s, %s, now(), %s, %s, %s, %s, %s, %s)
+               energy_kwh, flags, summary, node_energy_kwh, co2e_kg)
+           VALUES (%s, %s, now(), %s, %s, %s, %s, %s, %s, %s, NULL)
            ON CONFLICT (cluster, job_id) DO UPDATE SET computed_at = excluded.computed_at,
                gpu_count = excluded.gpu_count, gpu_hours = excluded.gpu_hours, mean_util = excluded.mean_util,
-               energy_kwh = excluded.energy_kwh, flags = excluded.flags, summary = excluded.summary""",
+               energy_kwh = excluded.energy_kwh, flags = excluded.flags, summary = excluded.summary,
+               node_energy_kwh = excluded.node_energy_kwh, co2e_kg = NULL""",
         (
             cluster,
             job_id,
@@ -288,6 +298,7 @@ def store_summary(conn: Connection, cluster: str, job_id: str) -> dict[str, Any]
             summary["energy_kwh"],
             summary["flags"],
             Jsonb(summary),
+            summary["node_energy_kwh"],
         ),
     )
     return summary
@@ -309,7 +320,8 @@ def refresh_ended(conn: Connection, cluster: str, job_ids: list[str]) -> int:
 def get_summary(conn: Connection, cluster: str, job_id: str) -> dict[str, Any] | None:
     """The stored summary row (``None``: none computed yet, e.g. the job is still running)."""
     return conn.execute(
-        """SELECT cluster, job_id, computed_at, gpu_count, gpu_hours, mean_util, energy_kwh, flags, summary
+        """SELECT cluster, job_id, computed_at, gpu_count, gpu_hours, mean_util, energy_kwh, flags, summary,
+                  node_energy_kwh, co2e_kg
            FROM job_summaries WHERE cluster = %s AND job_id = %s""",
         (cluster, job_id),
     ).fetchone()

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Any, Final
 
-from jobsight.collector.jobs.summaries import J_PER_KWH
+from jobsight.collector.jobs.node_energy import J_PER_KWH
 from jobsight.collector.store.db import Connection
 
 

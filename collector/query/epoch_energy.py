@@ -36,7 +36,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from jobsight.collector.jobs.summaries import J_PER_KWH
+from jobsight.collector.jobs.node_energy import J_PER_KWH
 from jobsight.collector.query import epoch_steps
 from jobsight.collector.store.db import Connection
 from jobsight.collector.tiers import reads as tiers

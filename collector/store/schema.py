@@ -253,6 +253,9 @@ host_samples = Table(
     Column("cpu_time_s", Double),
     Column("mem_used", BigInteger),
     Column("mem_limit", BigInteger),
+    Column("energy_j", Float),
+    Column("power_source", Text),
+    Column("energy_split", Text),
     Index(None, "job_id", "ts"),
     postgresql_partition_by=PARTITION_BY,
 )
@@ -355,6 +358,8 @@ job_summaries = Table(
     Column("energy_kwh", Double),
     Column("flags", ARRAY(Text)),
     Column("summary", JSONB, nullable=False),
+    Column("node_energy_kwh", Double),
+    Column("co2e_kg", Double),
     PrimaryKeyConstraint("cluster", "job_id"),
 )
 
@@ -618,6 +623,7 @@ gpu_minute_blocks = Table(
 # measurement an array in time order, with the types and values they were stored with (NULL
 # elements included), so a packed sample reads back exactly. ``block`` numbers the nodes of a
 # job-hour: ``node`` may be NULL, which a primary key cannot hold.
+_HOST_LATER = ("energy_j", "power_source", "energy_split")
 host_sample_blocks = Table(
     "host_sample_blocks",
     metadata,
@@ -630,7 +636,9 @@ host_sample_blocks = Table(
     Column("first_ts", TS, nullable=False),
     Column("last_ts", TS, nullable=False),
     Column("sample_ts", ARRAY(TS), nullable=False),
-    *(Column(c.name, ARRAY(c.type), nullable=False) for c in host_samples.columns if c.name not in SERIES_KEY),
+    # The node energy columns came later (migration 0014): blocks packed before have none.
+    *(Column(c.name, ARRAY(c.type), nullable=c.name in _HOST_LATER)
+      for c in host_samples.columns if c.name not in SERIES_KEY),
     PrimaryKeyConstraint("job_id", "cluster", "ts", "block"),
     postgresql_partition_by=PARTITION_BY,
 )

@@ -22,6 +22,7 @@ from types import FrameType
 from typing import Any, Final
 
 from jobsight.agent.node.daemon import MIN_INTERVAL_S, NodeDaemon
+from jobsight.agent.node.power_sources import build_node_energy
 from jobsight.agent.node.kineto_service import KinetoService, write_status
 from jobsight.agent.node.nvml import NvmlSampler, NvmlUnavailable
 from jobsight.agent.settings import AgentSettings, load_agent_settings
@@ -187,7 +188,7 @@ def _serve(settings: AgentSettings, once: bool, stop: threading.Event) -> int:
             if kineto is not None:
                 kineto.client.set_token(fresh)
 
-    daemon = NodeDaemon(settings, sampler, shipper)
+    daemon = NodeDaemon(settings, sampler, shipper, energy=build_node_energy(settings))
     log.info(
         "jobsight agent: node %s, sampling every %.3g s, shipping to %s, registrations in %s",
         settings.node,
@@ -200,6 +201,7 @@ def _serve(settings: AgentSettings, once: bool, stop: threading.Event) -> int:
     finally:
         if kineto is not None:
             kineto.stop()
+        daemon.close()
         drained = shipper.flush(DRAIN_TIMEOUT_S)
         shipper.shutdown(SHUTDOWN_TIMEOUT_S)
         sampler.close()

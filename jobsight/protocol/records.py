@@ -209,6 +209,14 @@ class HostSample:
     """Bytes."""
     mem_limit: Int8 | None = None
     """Bytes."""
+    energy_j: Joules | None = None
+    """The job's share of what the node used besides its GPUs since the job's previous sample:
+    CPUs and memory (``rapl``) or the whole node less its GPUs (``ipmi``, ``redfish``)."""
+    power_source: str | None = None
+    """Where the node's power came from: ``rapl``, ``ipmi`` or ``redfish``; absent: no node source."""
+    energy_split: str | None = None
+    """How the node's energy was split across its jobs: ``cpu_time+idle_cores`` (by CPU time, the
+    idle part by allocated cores) or ``cpu_time`` (the idle part unassigned)."""
 
 
 @dataclass(kw_only=True)

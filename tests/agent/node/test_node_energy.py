@@ -1,0 +1,161 @@
+"""The node's energy beside its GPUs, split across the jobs of the node by CPU time.
+
+RAPL is read from a powercap tree in the kernel's exact layout under a test root (the zones are
+flat links under ``/sys/class/powercap`` on a real node, plain directories here: the reader only
+opens files by path); ``/proc/stat`` and the jobs' cgroup v2 files are written by the test between
+ticks. The daemon runs in this process over the fake GPUs and ships to a real collector.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+from jobsight.agent.node.daemon import NodeDaemon
+from jobsight.agent.node.energy_split import JobCpu, count_cpus, read_cpu_times, split
+from jobsight.agent.node.node_energy import NodeEnergy
+from jobsight.agent.node.nvml import NvmlSampler
+from jobsight.agent.node.power_rapl import RaplCounters, find_zones
+from jobsight.agent.node.registrations import Registration, write_registration
+from jobsight.agent.settings import AgentSettings
+from jobsight.agent.shipping.shipper import Shipper
+from jobsight.protocol import wire
+
+TICKS = os.sysconf("SC_CLK_TCK")
+RANGE_UJ = 262_143_328_850  # a real package's max_energy_range_uj
+
+
+def write(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+
+
+def zone(root: Path, name: str, label: str, energy_uj: int) -> None:
+    write(root / name / "name", label + "\n")
+    write(root / name / "max_energy_range_uj", f"{RANGE_UJ}\n")
+    write(root / name / "energy_uj", f"{energy_uj}\n")
+    write(root / name / "enabled", "1\n")
+
+
+def powercap(root: Path, package0: int, dram0: int, package1: int, dram1: int, noise: int) -> None:
+    """Two sockets with DRAM; ``core``, ``psys`` and the MMIO copy of package 0 are there too and must
+    not be counted (they overlap the packages)."""
+    zone(root, "intel-rapl:0", "package-0", package0)
+    zone(root, "intel-rapl:0:0", "core", noise)
+    zone(root, "intel-rapl:0:1", "dram", dram0)
+    zone(root, "intel-rapl:1", "package-1", package1)
+    zone(root, "intel-rapl:1:0", "dram", dram1)
+    zone(root, "intel-rapl:2", "psys", noise)
+    zone(root, "intel-rapl-mmio:0", "package-0", noise)
+    write(root / "intel-rapl" / "enabled", "1\n")  # the control type's own directory
+
+
+def proc_stat(proc: Path, busy_s: float, idle_s: float, cores: int = 8) -> None:
+    """``/proc/stat`` with ``busy_s`` CPU seconds as user time and ``idle_s`` as idle, all cores together."""
+    user, idle = round(busy_s * TICKS), round(idle_s * TICKS)
+    lines = [f"cpu  {user} 0 0 {idle} 0 0 0 0 0 0"]
+    lines += [f"cpu{i} {user // cores} 0 0 {idle // cores} 0 0 0 0 0 0" for i in range(cores)]
+    write(proc / "stat", "\n".join([*lines, "intr 0", "ctxt 0", "btime 0"]) + "\n")
+
+
+def job_cgroup(cgroups: Path, job: str, cpu_s: float, cpus: str) -> None:
+    base = cgroups / "system.slice" / "slurmstepd.scope" / f"job_{job}"
+    write(base / "cpu.stat", f"usage_usec {round(cpu_s * 1e6)}\nuser_usec 0\nsystem_usec 0\n")
+    write(base / "cpuset.cpus.effective", cpus + "\n")
+    write(base / "memory.current", "1048576\n")
+    write(base / "memory.max", "max\n")
+
+
+def test_the_split_by_cpu_time_and_cores() -> None:
+    jobs = {"a": JobCpu(12.0, 4), "b": JobCpu(4.0, 2)}
+    # 1,300 J over 40 CPU-seconds of which 20 busy: a used 12, b 4; the idle half by 4 and 2 of 8 cores.
+    assert split(1300.0, 20.0, 40.0, 8, jobs, "cores") == pytest.approx({"a": 390 + 325, "b": 130 + 162.5})
+    assert split(1300.0, 20.0, 40.0, 8, jobs, "none") == pytest.approx({"a": 390, "b": 130})
+    # Jobs' CPU time read a moment after the node's: never more than the busy part between them.
+    over = split(100.0, 10.0, 40.0, 8, {"a": JobCpu(15.0, None), "b": JobCpu(5.0, None)}, "none")
+    assert sum(over.values()) == pytest.approx(100.0 * 10 / 40)
+    # Cores given twice (oversubscribed) share the idle part, never more than it.
+    twice = split(80.0, 0.0, 40.0, 8, {"a": JobCpu(0.0, 8), "b": JobCpu(0.0, 8)}, "cores")
+    assert twice == pytest.approx({"a": 40.0, "b": 40.0})
+    assert count_cpus("0-3,8,10-11") == 7 and count_cpus("") is None and count_cpus("x") is None
+
+
+def test_rapl_counts_packages_and_dram_through_a_wrap(tmp_path: Path) -> None:
+    root = tmp_path / "powercap"
+    powercap(root, 1_000_000, 50_000, RANGE_UJ - 200_000_000, 70_000, 5)
+    assert [z.name for z in find_zones(str(root))] == ["package-0", "dram", "package-1", "dram"]
+    counters = RaplCounters(str(root))
+    assert counters.energy_since_last(0.0, 0.0) is None  # the first read is the baseline
+    # package 1 wraps: 200 J to the top of its range, then 300 J more.
+    powercap(root, 601_000_000, 100_050_000, 300_000_000, 100_070_000, 9_999_000_000)
+    assert counters.energy_since_last(0.0, 5.0) == pytest.approx(600 + 100 + 500 + 100)
+    (root / "intel-rapl:1:0" / "energy_uj").unlink()  # a zone that cannot be read: no figure this tick
+    assert counters.energy_since_last(0.0, 10.0) is None
+
+
+def test_no_rapl_zone_is_said_once(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    counters = RaplCounters(str(tmp_path))
+    assert counters.energy_since_last(0.0, 0.0) is None and counters.energy_since_last(0.0, 1.0) is None
+    assert sum("no readable RAPL" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_cpu_times_of_the_node(tmp_path: Path) -> None:
+    proc_stat(tmp_path, 30.0, 10.0, cores=4)
+    times = read_cpu_times(str(tmp_path))
+    assert times is not None and (times.busy_s, times.total_s, times.cores) == pytest.approx((30.0, 40.0, 4))
+    assert read_cpu_times(str(tmp_path / "absent")) is None
+
+
+def test_two_jobs_sharing_a_node_get_their_joules(
+    live_collector: Any, db: psycopg.Connection[Any], fake_library: Path, tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Two jobs on one node with RAPL: tick 1 is the baseline; over the next 5 s the packages and DRAM
+    use 1,300 J (package 1's counter wrapping), the node's 8 cores are busy half the time, job a used
+    12 CPU-seconds on its 4 cores and job b 4 on its 2. Job a gets 1,300 × 12/40 + 650 × 4/8 = 715 J
+    and b 1,300 × 4/40 + 650 × 2/8 = 292.5 J; the rest (system time, the 2 cores nobody holds) is
+    nobody's. Each host sample says the source and the split; the summary adds them up."""
+    pytest.importorskip("pynvml", reason="nvidia-ml-py (pynvml) is not installed")
+    monkeypatch.setenv("FAKE_NVML_SCENARIO", str(Path(__file__).parents[2] / "fake_nvml" / "scenarios"
+                                                 / "four_gpus.json"))
+    node = f"node-{tmp_path.name}"
+    proc, cgroups, root = tmp_path / "proc", tmp_path / "cgroup", tmp_path / "powercap"
+    write(cgroups / "cgroup.controllers", "cpuset cpu io memory pids\n")
+    jobs = {"a": f"{tmp_path.name[-6:]}1", "b": f"{tmp_path.name[-6:]}2"}
+    registrations = tmp_path / "jobs"
+    for gpu, job in enumerate(jobs.values()):
+        write_registration(registrations, Registration(cluster="default", job_id=job, node=node,
+                                                       started_us=wire.now_us(), gpus=(gpu,), user="ana"))
+    settings = AgentSettings(url=live_collector.url, token=live_collector.token, node=node,
+                             spool_dir=str(tmp_path / "spool"), data_dir=str(tmp_path / "data"), batch_age_s=0.2)
+    powercap(root, 1_000_000, 50_000, RANGE_UJ - 200_000_000, 70_000, 5)
+    energy = NodeEnergy(RaplCounters(str(root)), "cores", proc_root=str(proc))
+    sampler = NvmlSampler(library_path=str(fake_library))
+    shipper = Shipper(settings)
+    daemon = NodeDaemon(settings, sampler, shipper, registration_dir=str(registrations), proc_root=str(proc),
+                        cgroup_root=str(cgroups), energy=energy)
+    try:
+        proc_stat(proc, 100.0, 100.0)
+        job_cgroup(cgroups, jobs["a"], 50.0, "0-3")
+        job_cgroup(cgroups, jobs["b"], 20.0, "4,6")
+        daemon.tick()
+        powercap(root, 601_000_000, 100_050_000, 300_000_000, 100_070_000, 9_999_000_000)
+        proc_stat(proc, 120.0, 120.0)
+        job_cgroup(cgroups, jobs["a"], 62.0, "0-3")
+        job_cgroup(cgroups, jobs["b"], 24.0, "4,6")
+        daemon.tick()
+        assert shipper.flush(10.0)
+    finally:
+        shipper.shutdown(2.0)
+        sampler.close()
+    rows = {job: db.execute("SELECT energy_j, power_source, energy_split FROM host_samples WHERE job_id = %s "
+                            "ORDER BY ts", (job,)).fetchall() for job in jobs.values()}
+    assert rows[jobs["a"]][0] == (None, None, None)  # the baseline tick has no interval
+    assert rows[jobs["a"]][1][0] == pytest.approx(715.0, rel=1e-6)
+    assert rows[jobs["b"]][1][0] == pytest.approx(292.5, rel=1e-6)
+    assert rows[jobs["a"]][1][1:] == ("rapl", "cpu_time+idle_cores")
+
