@@ -18,11 +18,13 @@ import pandas as pd
 import streamlit as st
 from psycopg_pool import ConnectionPool
 
+from jobsight.collector.config.carbon import load_carbon_settings
 from jobsight.collector.query import actions as action_queries
 from jobsight.collector.query import audit as audit_queries
 from jobsight.collector.query import epoch_energy
 from jobsight.collector.query import findings as finding_queries
 from jobsight.collector.query import gpu_events as gpu_event_queries
+from jobsight.collector.query import job_energy as energy_queries
 from jobsight.collector.query import logs as log_queries
 from jobsight.collector.query import profiles as profile_queries
 from jobsight.collector.query import series as queries
@@ -236,11 +238,15 @@ def _admin_only(viewer: Viewer) -> None:
 
 @st.cache_data(ttl=TTL, show_spinner=False)
 def _audit(start: dt.datetime, end: dt.datetime, cluster: str | None, low: float, idle: float) -> dict[str, Any]:
+    factor = energy_queries.co2e_per_kwh(carbon())
+
     def read_all(conn: Connection) -> dict[str, Any]:
         return {
-            "totals": audit_queries.audit_totals(conn, start, end, cluster=cluster),
-            **{group: _frame(audit_queries.gpu_hours_by(conn, group, start, end, cluster=cluster),
-                             ("name", "jobs", "gpu_hours", "mean_util", "energy_kwh", "energy_share"))
+            "totals": audit_queries.audit_totals(conn, start, end, cluster=cluster, co2e_per_kwh=factor),
+            **{group: _frame(audit_queries.gpu_hours_by(conn, group, start, end, cluster=cluster,
+                                                        co2e_per_kwh=factor),
+                             ("name", "jobs", "gpu_hours", "mean_util", "energy_kwh", "energy_share",
+                              "node_energy_kwh", "total_energy_kwh", "co2e_kg"))
                for group in ("user_name", "account", "partition")},
             "idle": _frame(audit_queries.underused_allocations(conn, start, end, below_percent=idle, cluster=cluster)),
             "low": _frame(audit_queries.underused_allocations(conn, start, end, below_percent=low, cluster=cluster)),
@@ -335,6 +341,22 @@ def suspects(viewer: Viewer, since: dt.datetime, until: dt.datetime, *, cluster:
 @st.cache_data(ttl=TTL, show_spinner=False)
 def _epochs(cluster: str, job_id: str, running: bool) -> dict[str, Any]:
     return _read(epoch_energy.job_epochs, cluster, job_id, running=running)
+
+
+@st.cache_resource(show_spinner=False)
+def carbon() -> energy_queries.CarbonIntensity:
+    """The site's carbon intensity (``[carbon]``, ``JOBSIGHT_CARBON_*``), as the collector reads it."""
+    return energy_queries.carbon_of(load_carbon_settings())
+
+
+@st.cache_data(ttl=TTL, show_spinner=False)
+def _energy(cluster: str, job_id: str) -> dict[str, Any]:
+    return _read(energy_queries.read_job_energy, cluster, job_id, carbon())
+
+
+def energy(ref: JobRef) -> dict[str, Any]:
+    """The whole job's energy and emissions: :func:`jobsight.collector.query.job_energy.job_energy`."""
+    return _energy(ref.cluster, ref.job_id)
 
 
 def epochs(ref: JobRef, running: bool) -> dict[str, Any]:

@@ -89,7 +89,7 @@ class BackgroundPowerReader:
                             "(retrying every %.0f s): %s", self.name, self.interval_s, exc)
             self._failing = True
             return
-        except Exception as exc:  # boundary: a source's bug must not end the reader
+        except Exception as exc:  # noqa: BLE001 - boundary: a source's bug must not end the reader
             self.failures += 1
             if not self._failing:
                 log.warning("jobsight agent: node power from %s failed: %r", self.name, exc)

@@ -109,6 +109,11 @@ def country_alpha3(code: str) -> str:
     raise ValueError("give an ISO 3166 country code: alpha-3 (FRA) or alpha-2 (FR)")
 
 
+def _place(region: str) -> str:
+    """``newfoundland and labrador`` -> ``Newfoundland and Labrador``."""
+    return " ".join(word if word in ("of", "and") else word.capitalize() for word in region.split())
+
+
 def regions() -> dict[str, str]:
     """Every region of codecarbon's dataset -> its country (alpha-3)."""
     folder = _data_dir()
@@ -139,14 +144,14 @@ def yearly_figure(country: str | None, region: str | None) -> YearlyFigure:
         path, year = _newest(folder, _REGION_COUNTRIES[home])
         entry = _json(path)[region]
         if home == "USA":
-            return YearlyFigure(float(entry["emissions"]) * LBS_PER_MWH_TO_G_PER_KWH, f"{region.title()} (USA)",
+            return YearlyFigure(float(entry["emissions"]) * LBS_PER_MWH_TO_G_PER_KWH, f"{_place(region)} (USA)",
                                 year, "codecarbon dataset: EPA eGRID")
         factors = _json(folder / "carbon_intensity_per_source.json")
         weighted = sum(float(share) * float(factors[_MIX_FACTOR_NAMES.get(source, source)])
                        for source, share in entry.items()
                        if source != "total" and isinstance(factors.get(_MIX_FACTOR_NAMES.get(source, source)),
                                                            int | float))
-        return YearlyFigure(weighted / float(entry["total"]), f"{region.title()} (CAN)", year,
+        return YearlyFigure(weighted / float(entry["total"]), f"{_place(region)} (CAN)", year,
                             "codecarbon dataset: generation mix x life-cycle factor per source")
     if country is None:
         raise ValueError("no country or region")

@@ -41,8 +41,8 @@ def node_energy(conn: Connection, cluster: str, job_id: str, since: dt.datetime 
     return {
         "energy_j": energy_j,
         "energy_kwh": energy_j / J_PER_KWH if energy_j is not None else None,
-        "sources": sorted(row["sources"]) if row is not None else [],
-        "splits": sorted(row["splits"]) if row is not None else [],
+        "sources": sorted(row["sources"] or []) if row is not None else [],
+        "splits": sorted(row["splits"] or []) if row is not None else [],
         "samples": int(row["samples"]) if row is not None else 0,
         "measured": int(row["measured"]) if row is not None else 0,
     }

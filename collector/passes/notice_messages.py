@@ -98,8 +98,13 @@ def period_report(*, whom: str, label: str, totals: Mapping[str, Any], worst: Se
         (f"  GPU-hours: {_hours(totals.get('gpu_hours'))}",),
         (f"  Mean GPU utilisation: {'-' if util is None else f'{util:.0f} %'}",),
         (f"  Idle GPU-hours: {_hours(totals.get('idle_gpu_hours'))}",),
-        (f"  Energy: {'-' if energy is None else f'{energy:.2f} kWh'}",),
+        (f"  Energy of the GPUs: {'-' if energy is None else f'{energy:.2f} kWh'}",),
     ]
+    node, co2e = totals.get("node_energy_kwh"), totals.get("co2e_kg")
+    if node is not None:
+        lines.append((f"  Energy of the rest of the nodes: {node:.2f} kWh",))
+    if co2e is not None:
+        lines.append((f"  Emissions: {co2e:.2f} kg CO2e",))
     if worst:
         lines.append(("The jobs that left most GPU-hours idle:",))
     for job in worst:

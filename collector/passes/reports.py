@@ -25,7 +25,9 @@ from jobsight.collector.config.notices import NoticeSettings
 from jobsight.collector.passes import notice_messages, notices
 from jobsight.collector.passes.alert_messages import LIMITS, shown
 from jobsight.collector.passes.leader import LeaderTimer
+from jobsight.collector.query.carbon_intensity import CarbonIntensity
 from jobsight.collector.query.findings import job_findings
+from jobsight.collector.query.job_energy import job_energy
 from jobsight.protocol import job_states, links
 from jobsight.protocol.report_text import format_report
 
@@ -43,6 +45,7 @@ ORDER BY s.computed_at
 
 _ENDED_IN = """
 SELECT j.cluster, j.job_id, j.user_name, j.account, j.name, s.gpu_hours, s.mean_util, s.energy_kwh,
+       s.node_energy_kwh, s.co2e_kg,
        (SELECT avg((g->>'idle_fraction')::float8) FROM jsonb_array_elements(s.summary->'gpus') g) AS idle_fraction
 FROM jobs j JOIN job_summaries s ON s.cluster = j.cluster AND s.job_id = j.job_id
 WHERE j.end_time >= %(start)s AND j.end_time < %(end)s
@@ -79,7 +82,7 @@ def _plain_json(value: Any) -> Any:
 
 
 def job_end_report(conn: psycopg.Connection[dict[str, Any]], row: Mapping[str, Any],
-                   dashboard_url: str | None) -> str:
+                   dashboard_url: str | None, carbon: CarbonIntensity | None = None) -> str:
     """``jobsight report``'s text for an ended job from its row (with ``summary``) in ``jobs``."""
     job = {k: v for k, v in row.items() if k not in ("summary", "computed_at")}
     for key, limit in _JOB_STRINGS.items():
@@ -90,6 +93,8 @@ def job_end_report(conn: psycopg.Connection[dict[str, Any]], row: Mapping[str, A
               "dashboard_url": links.job_link(row["cluster"], row["job_id"], base=dashboard_url)
               if dashboard_url else None,
               "dashboard_base_url": dashboard_url}
+    if carbon is not None:
+        answer["energy"] = job_energy(conn, row["cluster"], row["job_id"], carbon, {"summary": row["summary"]})
     return format_report(_plain_json(job), _plain_json(answer))
 
 
@@ -99,17 +104,25 @@ def _totals(jobs: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
     weighted = [(r["mean_util"], r["gpu_hours"] or 0.0) for r in rows if r["mean_util"] is not None]
     weight = sum(w for _, w in weighted)
     energy = [r["energy_kwh"] for r in rows if r["energy_kwh"] is not None]
+    node = [r["node_energy_kwh"] for r in rows if r.get("node_energy_kwh") is not None]
+    co2e = [r["co2e_kg"] for r in rows if r.get("co2e_kg") is not None]
     return {"jobs": len(rows), "gpu_hours": hours,
             "mean_util": sum(u * w for u, w in weighted) / weight if weight else None,
             "idle_gpu_hours": sum(r["idle_gpu_hours"] for r in rows),
-            "energy_kwh": sum(energy) if energy else None}
+            "energy_kwh": sum(energy) if energy else None,
+            "node_energy_kwh": sum(node) if node else None,
+            "co2e_kg": sum(co2e) if co2e else None}
 
 
 class Reports:
     """Writes the reports due, as notices, on a connection the caller holds."""
 
-    def __init__(self, settings: NoticeSettings, alerts: AlertSettings, dashboard_url: str | None = None) -> None:
+    def __init__(self, settings: NoticeSettings, alerts: AlertSettings, dashboard_url: str | None = None,
+                 carbon: CarbonIntensity | None = None) -> None:
         self.settings = settings
+        self.carbon = carbon
+        """The site's carbon intensity: the job-end report's whole energy and emissions (``None``: GPUs'
+        energy alone)."""
         self.alerts = alerts
         self.dashboard_url = dashboard_url
         self.since: dt.datetime | None = None
@@ -138,7 +151,7 @@ class Reports:
             if sink is None or not self._wants_job_end(row["user_name"]):
                 continue
             state = job_states.describe(row["state"], row["exit_code"])
-            message = notice_messages.job_end(row, state, job_end_report(conn, row, self.dashboard_url),
+            message = notice_messages.job_end(row, state, job_end_report(conn, row, self.dashboard_url, self.carbon),
                                               self.dashboard_url)
             if notices.enqueue(conn, cluster=row["cluster"], job_id=row["job_id"], kind="job_end", sinks=[sink],
                                key=f"job_end:{row.get('run') or 0}", message=message):

@@ -13,12 +13,13 @@ import threading
 from psycopg_pool import ConnectionPool
 
 from jobsight.collector.config.settings import CollectorSettings
-from jobsight.collector.passes import alerts
+from jobsight.collector.passes import alerts, emissions
 from jobsight.collector.passes.actions import ActionTimer, Notify
 from jobsight.collector.passes.findings import Evaluator
 from jobsight.collector.passes.notices import NoticeSender
 from jobsight.collector.passes.reconcile import start_reconciler
 from jobsight.collector.passes.reports import Reports, ReportTimer
+from jobsight.collector.query.job_energy import carbon_of
 from jobsight.collector.store.db import Connection, autocommit_connection
 from jobsight.collector.store.partitions import PartitionKeeper
 from jobsight.collector.tiers import compaction
@@ -69,7 +70,8 @@ def start_passes(pool: ConnectionPool[Connection], partitions: PartitionKeeper, 
     the health evaluator (one process of the collector's leads; see passes/findings.py) with the
     alert sender (every process; rows are claimed with SKIP LOCKED), reconciliation with Slurm
     (ends jobs whose epilog was never heard; passes/reconcile.py), the waste policies (passes/actions.py),
-    the reports (passes/reports.py) and the notice sender (passes/notices.py)."""
+    the reports (passes/reports.py), the notice sender (passes/notices.py) and, where the site set a
+    carbon intensity, the emissions of ended jobs (passes/emissions.py)."""
     start_housekeeping(pool, partitions, settings, stop)
     health, alert_settings = settings.health, settings.alerts
     if health.interval_s > 0:
@@ -87,6 +89,10 @@ def start_passes(pool: ConnectionPool[Connection], partitions: PartitionKeeper, 
         threading.Thread(target=ActionTimer(database_url, settings.actions, notify).run, args=(stop,),
                          name="jobsight-actions", daemon=True).start()
     start_notices(pool, database_url, settings, stop)
+    carbon = carbon_of(settings.carbon)
+    if carbon.configured():
+        threading.Thread(target=emissions.run, args=(pool, carbon, stop), name="jobsight-emissions",
+                         daemon=True).start()
 
 
 def start_notices(pool: ConnectionPool[Connection], database_url: str, settings: CollectorSettings,
@@ -94,7 +100,7 @@ def start_notices(pool: ConnectionPool[Connection], database_url: str, settings:
     """The reports' leader pass, when any report is on, and the notice sender of this process."""
     wanted = settings.notices
     if wanted.interval_s > 0 and (wanted.job_end_summary != "off" or wanted.report_period != "off"):
-        reports = Reports(wanted, settings.alerts, settings.dashboard_url)
+        reports = Reports(wanted, settings.alerts, settings.dashboard_url, carbon_of(settings.carbon))
         threading.Thread(target=ReportTimer(database_url, reports).run, args=(stop,), name="jobsight-reports",
                          daemon=True).start()
     sender = NoticeSender(pool, settings.alerts, wanted.poll_interval_s)

@@ -16,8 +16,10 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any, Literal
 
+from jobsight.collector.jobs.node_energy import J_PER_KWH
 from jobsight.collector.query.energy_so_far import energy_kwh_sql
 from jobsight.collector.store.db import Connection
+from jobsight.collector.tiers import host_tier
 from jobsight.protocol import job_states
 
 GroupBy = Literal["user_name", "account", "partition"]
@@ -26,6 +28,9 @@ _GROUPS = ("user_name", "account", "partition")
 
 # A running job's energy so far: read only for jobs with no summary that have not ended.
 _LIVE_ENERGY = energy_kwh_sql("j.job_id", "j.cluster", only_if="s.job_id IS NULL AND j.end_time IS NULL")
+# Its share of its nodes' energy so far (a condition on the outer row alone is tested once, first).
+_LIVE_NODE_ENERGY = f"""(SELECT sum(energy_j) / {J_PER_KWH} AS energy_kwh
+    FROM {host_tier.samples(job="j.job_id", cluster="j.cluster")} h WHERE s.job_id IS NULL AND j.end_time IS NULL)"""
 
 
 def _allocations(cluster: str | None) -> str:
@@ -38,6 +43,11 @@ def _allocations(cluster: str | None) -> str:
                j.start_time, j.end_time,
                coalesce(nullif(cardinality(j.gpus), 0), s.gpu_count, 0) AS gpus,
                s.mean_util, coalesce(s.energy_kwh, live.energy_kwh) AS energy_kwh, s.flags,
+               coalesce(s.node_energy_kwh, live_node.energy_kwh) AS node_energy_kwh,
+               -- Emissions: the emissions pass's for an ended job; so far, at the site's one figure, else.
+               coalesce(s.co2e_kg, (coalesce(s.energy_kwh, live.energy_kwh, 0)
+                                    + coalesce(s.node_energy_kwh, live_node.energy_kwh, 0))
+                                   * %(co2e_per_kwh)s::float8) AS co2e_kg,
                s.job_id IS NULL AND j.end_time IS NULL AS running,
                greatest(j.start_time, %(start)s) AS seg_start,
                least(coalesce(j.end_time, %(now)s), %(end)s) AS seg_end,
@@ -46,6 +56,7 @@ def _allocations(cluster: str | None) -> str:
                extract(epoch FROM coalesce(j.end_time, %(now)s) - j.start_time) AS run_s
         FROM jobs j LEFT JOIN job_summaries s ON s.cluster = j.cluster AND s.job_id = j.job_id
         LEFT JOIN LATERAL {_LIVE_ENERGY} live ON true
+        LEFT JOIN LATERAL {_LIVE_NODE_ENERGY} live_node ON true
         WHERE j.start_time < %(end)s AND coalesce(j.end_time, %(now)s) > %(start)s {where}"""
 
 
@@ -57,8 +68,17 @@ _ENDED_BY = f"""coalesce(sum(gpus * overlap_s) FILTER (WHERE state = '{job_state
                     AS cancelled_gpu_hours"""
 
 
-def _params(start: dt.datetime, end: dt.datetime, now: dt.datetime | None, cluster: str | None) -> dict[str, Any]:
-    return {"start": start, "end": end, "now": now or dt.datetime.now(dt.UTC), "cluster": cluster}
+def _params(start: dt.datetime, end: dt.datetime, now: dt.datetime | None, cluster: str | None,
+            co2e_per_kwh: float | None = None) -> dict[str, Any]:
+    return {"start": start, "end": end, "now": now or dt.datetime.now(dt.UTC), "cluster": cluster,
+            "co2e_per_kwh": co2e_per_kwh}
+
+
+# Energy beside the GPUs' and emissions, pro-rated by the overlap as the GPUs' energy is.
+_WHOLE = """sum(node_energy_kwh * overlap_s / nullif(run_s, 0)) AS node_energy_kwh,
+            sum((coalesce(energy_kwh, 0) + coalesce(node_energy_kwh, 0)) * overlap_s / nullif(run_s, 0))
+                FILTER (WHERE energy_kwh IS NOT NULL OR node_energy_kwh IS NOT NULL) AS total_energy_kwh,
+            sum(co2e_kg * overlap_s / nullif(run_s, 0)) AS co2e_kg"""
 
 
 def gpu_hours_by(
@@ -69,9 +89,13 @@ def gpu_hours_by(
     *,
     cluster: str | None = None,
     now: dt.datetime | None = None,
+    co2e_per_kwh: float | None = None,
 ) -> list[dict[str, Any]]:
     """Per user, account or partition: jobs, GPU-hours, GPU-hour-weighted mean utilisation
     (over jobs with a summary), energy in kWh and its share of the period's energy, largest first,
+    the energy beside the GPUs (``node_energy_kwh``), both (``total_energy_kwh``) and kg CO2e
+    (``co2e_kg``: ended jobs' from their summaries, running ones' so far at ``co2e_per_kwh``, the
+    site's kg per kWh with PUE; ``None`` where no job has a figure),
     ``running_jobs``: how many of its jobs still run, whose energy so far is counted (the
     figure is still growing where this is not 0), and ``timeout_gpu_hours``/``cancelled_gpu_hours``:
     the GPU-hours of its jobs that Slurm ended at their time limit, and of its cancelled jobs.
@@ -86,13 +110,13 @@ def gpu_hours_by(
                                   FILTER (WHERE mean_util IS NOT NULL), 0) AS mean_util,
                               sum(energy_kwh * overlap_s / nullif(run_s, 0)) AS energy_kwh,
                               count(*) FILTER (WHERE running) AS running_jobs,
-                              {_ENDED_BY}
+                              {_ENDED_BY}, {_WHOLE}
                        FROM a GROUP BY {group_by})
             SELECT name, jobs, gpu_hours, mean_util, energy_kwh,
                    energy_kwh / nullif(sum(energy_kwh) OVER (), 0) AS energy_share, running_jobs,
-                   timeout_gpu_hours, cancelled_gpu_hours
+                   timeout_gpu_hours, cancelled_gpu_hours, node_energy_kwh, total_energy_kwh, co2e_kg
             FROM g ORDER BY gpu_hours DESC NULLS LAST, name""",
-        _params(start, end, now, cluster),
+        _params(start, end, now, cluster, co2e_per_kwh),
     ).fetchall()
 
 
@@ -103,8 +127,10 @@ def audit_totals(
     *,
     cluster: str | None = None,
     now: dt.datetime | None = None,
+    co2e_per_kwh: float | None = None,
 ) -> dict[str, Any]:
-    """The period's jobs, GPU-hours, energy (kWh, running jobs' so far) and GPU-hour-weighted mean
+    """The period's jobs, GPU-hours, energy (kWh, running jobs' so far; ``node_energy_kwh``,
+    ``total_energy_kwh`` and ``co2e_kg`` as :func:`gpu_hours_by` has them) and GPU-hour-weighted mean
     utilisation, ``running_jobs`` (the energy is still growing where this is not 0), and the GPU-hours
     of jobs ended at their time limit (``timeout_gpu_hours``) and of cancelled jobs (``cancelled_gpu_hours``)."""
     row = conn.execute(
@@ -114,12 +140,13 @@ def audit_totals(
                    sum(gpus * overlap_s * mean_util) / nullif(sum(gpus * overlap_s)
                        FILTER (WHERE mean_util IS NOT NULL), 0) AS mean_util,
                    count(*) FILTER (WHERE running) AS running_jobs,
-                   {_ENDED_BY}
+                   {_ENDED_BY}, {_WHOLE}
             FROM a""",
-        _params(start, end, now, cluster),
+        _params(start, end, now, cluster, co2e_per_kwh),
     ).fetchone()
     return dict(row) if row else {"jobs": 0, "gpu_hours": 0.0, "energy_kwh": 0.0, "mean_util": None,
-                                  "running_jobs": 0, "timeout_gpu_hours": 0.0, "cancelled_gpu_hours": 0.0}
+                                  "running_jobs": 0, "timeout_gpu_hours": 0.0, "cancelled_gpu_hours": 0.0,
+                                  "node_energy_kwh": None, "total_energy_kwh": None, "co2e_kg": None}
 
 
 def underused_allocations(

@@ -39,6 +39,7 @@ from typing import Any, Final
 from jobsight.collector.jobs.node_energy import J_PER_KWH
 from jobsight.collector.query import epoch_steps
 from jobsight.collector.store.db import Connection
+from jobsight.collector.tiers import host_tier
 from jobsight.collector.tiers import reads as tiers
 
 COUNTER: Final = "counter"
@@ -210,14 +211,35 @@ def gpu_curves(conn: Connection, cluster: str, job_id: str, bounds: list[dt.date
     return {key: curve for key, curve in curves.items() if curve.points}
 
 
+# The job's share of its nodes' energy per stretch between boundaries: a host sample's joules are
+# those of the interval that ends at its time, counted in the stretch that time falls in.
+_NODE_BY_PART: Final = f"""
+SELECT width_bucket(ts, %(bounds)s::timestamptz[]) AS part, sum(energy_j) AS energy_j
+FROM {host_tier.samples()} h WHERE energy_j IS NOT NULL GROUP BY 1
+"""
+
+
+def node_energy_by_part(conn: Connection, cluster: str, job_id: str, bounds: list[dt.datetime]) -> dict[int, float]:
+    """Joules of the nodes' energy beside the GPUs per part (0: before ``bounds[0]``)."""
+    rows = conn.execute(_NODE_BY_PART, {"cluster": cluster, "job": job_id,
+                                        "bounds": bounds or [dt.datetime.min.replace(tzinfo=dt.UTC)]}).fetchall()
+    return {row["part"]: float(row["energy_j"]) for row in rows} if bounds else \
+        {0: sum(float(row["energy_j"]) for row in rows)}
+
+
 def _method(methods: set[str]) -> str | None:
     return None if not methods else BOTH if len(methods) > 1 else next(iter(methods))
 
 
 def _span(epoch: int | None, start: dt.datetime, end: dt.datetime, energy_j: float | None, method: str | None,
-          *, steps: int | None = None, samples: int | None = None, growing: bool = False) -> dict[str, Any]:
+          *, steps: int | None = None, samples: int | None = None, growing: bool = False,
+          node_j: float | None = None) -> dict[str, Any]:
     seconds = (end - start).total_seconds()
+    parts = [e for e in (energy_j, node_j) if e is not None]
+    total = sum(parts) if parts else None
     return {
+        "node_energy_j": node_j, "total_energy_j": total,
+        "total_kwh": total / J_PER_KWH if total is not None else None,
         "epoch": epoch, "start": start, "end": end, "duration_s": seconds, "steps": steps, "samples": samples,
         "samples_per_s": samples / seconds if samples is not None and seconds > 0 else None,
         "energy_j": energy_j, "energy_kwh": energy_j / J_PER_KWH if energy_j is not None else None,
@@ -232,7 +254,9 @@ def job_epochs(conn: Connection, cluster: str, job_id: str, *, running: bool) ->
     J per sample, mean power, and the method (:data:`COUNTER`, :data:`POWER_INTEGRAL` or
     :data:`BOTH`); the energy before the first epoch and after the last step; the job's energy.
     While the job runs (``running``), the last epoch, the time after it and the total are still
-    growing (``growing``). Energies are ``None`` when no GPU of the job has a counter or power."""
+    growing (``growing``). Energies are ``None`` when no GPU of the job has a counter or power. Beside the
+    GPUs' (``energy_j``), each span has the job's share of its nodes' energy (``node_energy_j``, ``None``
+    without a node power source) and both (``total_energy_j``, ``total_kwh``)."""
     epochs = epoch_steps.job_epochs(conn, cluster, job_id)
     bounds = [*(e.start for e in epochs), epochs[-1].end] if epochs else []
     curves = gpu_curves(conn, cluster, job_id, bounds)
@@ -244,17 +268,21 @@ def job_epochs(conn: Connection, cluster: str, job_id: str, *, running: bool) ->
         return sum(v[part + 1] - v[part] for v in values) if values else None
 
     total = sum(v[-1] - v[0] for v in values) if values else None
+    node = node_energy_by_part(conn, cluster, job_id, bounds)
     spans = [_span(e.epoch, e.start, e.end, energy(i + 1), method, steps=e.steps, samples=e.samples,
-                   growing=running and i == len(epochs) - 1) for i, e in enumerate(epochs)]
+                   growing=running and i == len(epochs) - 1, node_j=node.get(i + 1)) for i, e in enumerate(epochs)]
     before = after = None
     if epochs and curves:
         first = min(c.points[0][0] for c in curves.values())
         last = max(c.points[-1][0] for c in curves.values())
-        before = _span(None, min(first, epochs[0].start), epochs[0].start, energy(0), method)
-        after = _span(None, epochs[-1].end, max(last, epochs[-1].end), energy(len(bounds)), method, growing=running)
+        before = _span(None, min(first, epochs[0].start), epochs[0].start, energy(0), method, node_j=node.get(0))
+        after = _span(None, epochs[-1].end, max(last, epochs[-1].end), energy(len(bounds)), method, growing=running,
+                      node_j=node.get(len(bounds)))
+    node_total = sum(node.values()) if node else None
     return {
         "cluster": cluster, "job_id": job_id, "running": running,
         "energy_j": total, "energy_kwh": total / J_PER_KWH if total is not None else None, "method": method,
+        "node_energy_j": node_total,
         "gpus": {m: sum(1 for c in curves.values() if c.method == m) for m in (COUNTER, POWER_INTEGRAL)},
         "epochs": spans, "before_first_epoch": before, "after_last_step": after,
     }

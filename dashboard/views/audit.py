@@ -60,6 +60,12 @@ ended[0].metric("GPU-hours ended by time limit", f"{totals['timeout_gpu_hours']:
                 help="GPU-hours of jobs that Slurm ended at their time limit (state TIMEOUT)")
 ended[1].metric("GPU-hours of cancelled jobs", f"{totals['cancelled_gpu_hours']:.1f}",
                 help="GPU-hours of jobs cancelled with scancel (state CANCELLED)")
+whole, co2e = totals.get("total_energy_kwh"), totals.get("co2e_kg")
+ended[2].metric("Energy, whole jobs (kWh)", "-" if whole is None else ("≥ " if growing else "") + f"{whole:.2f}",
+                help="the GPUs' and the jobs' share of their nodes' power beside the GPUs (RAPL, IPMI or Redfish)")
+ended[3].metric("Emissions (kg CO2e)", "-" if co2e is None else ("≥ " if growing else "") + f"{co2e:.2f}",
+                help="ended jobs: at the carbon intensity of the hours they ran, with the PUE; running jobs: "
+                     "their energy so far at the site's yearly figure")
 st.caption("GPU-hours count each job's allocated GPUs over the part of its run inside the period. Energy comes "
            "from finished jobs' summaries, pro-rated the same way, and from running jobs' GPUs so far: a row that "
            "counts running jobs (column *running*) is marked “≥ still growing”.")
@@ -74,8 +80,12 @@ def _table(frame: pd.DataFrame, name: str, *, job_links: bool = False) -> None:
     shown = frame.copy()
     config = {"gpu_hours": st.column_config.NumberColumn("GPU-hours", format="%.2f"),
               "mean_util": st.column_config.NumberColumn("mean util %", format="%.0f"),
-              "energy_kwh": st.column_config.NumberColumn("kWh", format="%.3f"),
+              "energy_kwh": st.column_config.NumberColumn("GPU kWh", format="%.3f"),
               "energy_share": st.column_config.NumberColumn("energy share", format="percent"),
+              "node_energy_kwh": st.column_config.NumberColumn(
+                  "node kWh", format="%.3f", help="the jobs' share of their nodes' power beside the GPUs"),
+              "total_energy_kwh": st.column_config.NumberColumn("total kWh", format="%.3f"),
+              "co2e_kg": st.column_config.NumberColumn("kg CO2e", format="%.3f"),
               "running_jobs": st.column_config.NumberColumn(
                   "running", help="jobs still running: their energy so far is counted, and still growing"),
               "timeout_gpu_hours": st.column_config.NumberColumn(

@@ -1,5 +1,6 @@
-"""The job page's energy section: the job's energy (so far, while it runs), and per epoch its
-duration, throughput, energy and joules per sample, as a table and a chart over the run.
+"""The job page's energy section: the whole job's energy (GPUs and its share of its nodes) and
+emissions with their method and sources, and per epoch its duration, throughput, energy (GPUs, nodes,
+both, kg CO2e at the job's intensity) and joules per sample, as a table and a chart over the run.
 
 Not a page of its own: :mod:`jobsight.dashboard.views.job` calls :func:`show`.
 """
@@ -14,6 +15,7 @@ import pandas as pd
 import streamlit as st
 
 from jobsight.dashboard import charts, data
+from jobsight.protocol import energy_text
 
 GROWING = "≥ still growing"
 """The mark of a figure of a running job that will still grow."""
@@ -41,12 +43,14 @@ def _frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
     return frame
 
 
-def _table(frame: pd.DataFrame) -> pd.DataFrame:
+def _table(frame: pd.DataFrame, kg_per_kwh: float | None) -> pd.DataFrame:
     return pd.DataFrame({
         "epoch": frame["epoch"], "start": frame["start"], "end": frame["end"], "duration s": frame["duration_s"],
         "steps": frame["steps"], "samples": frame["samples"], "samples/s": frame["samples_per_s"],
         "kWh": frame["energy_kwh"], "J": frame["energy_j"], "J/sample": frame["j_per_sample"],
         "mean W": frame["mean_power_w"], "method": frame["method"],
+        "node kWh": frame["node_energy_j"] / J_PER_KWH, "total kWh": frame["total_kwh"],
+        "kg CO2e": frame["total_kwh"] * kg_per_kwh if kg_per_kwh is not None else None,
         "note": [GROWING if growing else "" for growing in frame["growing"]],
     })
 
@@ -56,13 +60,17 @@ _COLUMNS = {
     "end": st.column_config.DatetimeColumn("end (UTC)", format="YYYY-MM-DD HH:mm:ss", timezone="UTC"),
     "duration s": st.column_config.NumberColumn(format="%.0f"),
     "samples/s": st.column_config.NumberColumn(format="%.1f"),
-    "kWh": st.column_config.NumberColumn(format="%.4f"),
+    "kWh": st.column_config.NumberColumn(format="%.4f", help="the GPUs' energy"),
     "J": st.column_config.NumberColumn(format="%.0f"),
     "J/sample": st.column_config.NumberColumn(format="%.3g"),
     "mean W": st.column_config.NumberColumn(format="%.0f", help="energy over duration, all the job's GPUs"),
     "method": st.column_config.TextColumn(help="counter: the GPUs' energy counters; power integral: GPUs "
                                                "without one, their power integrated over time"),
+    "node kWh": st.column_config.NumberColumn(format="%.4f", help="the job's share of its nodes' power beside GPUs"),
+    "total kWh": st.column_config.NumberColumn(format="%.4f"),
+    "kg CO2e": st.column_config.NumberColumn(format="%.4f", help="total kWh × PUE × the job's carbon intensity"),
 }
+J_PER_KWH = 3.6e6
 
 
 def epoch_chart(frame: pd.DataFrame) -> alt.Chart:
@@ -91,7 +99,27 @@ def _outside(answer: dict[str, Any]) -> str:
     return ("Also " + "; ".join(parts) + ". With the epochs they add up to the job's energy.") if parts else ""
 
 
+def _whole(ref: data.JobRef, running: bool) -> float | None:
+    """The whole job's energy and emissions; returns its kg CO2e per kWh (``None``: not configured)."""
+    energy = data.energy(ref)
+    emissions = energy["emissions"] or {}
+    mark = "≥ " if running else ""
+    cells = st.columns(4)
+    for cell, (label, value, unit) in zip(cells, (
+            ("Energy, whole job", energy["total_kwh"], "kWh"), ("GPUs", energy["gpu_kwh"], "kWh"),
+            ("Rest of the nodes", energy["node_kwh"], "kWh"), ("Emissions", emissions.get("co2e_kg"), "kg CO2e")),
+            strict=True):
+        cell.metric(f"{label} ({unit})", "-" if value is None else f"{mark}{value:.4f}",
+                    help="The job is running: this is still growing." if running and value is not None else None)
+    st.caption(f"Rest of the nodes: {energy_text.node_method(energy['node'])}. "
+               f"Emissions: {energy_text.emissions_method(energy['emissions'])}.")
+    co2e, total = emissions.get("co2e_kg"), energy["total_kwh"]
+    return co2e / total if co2e is not None and total else None
+
+
 def _section(ref: data.JobRef, running: bool) -> None:
+    st.subheader("Energy and emissions")
+    kg_per_kwh = _whole(ref, running)
     st.subheader("Energy per epoch")
     answer = data.epochs(ref, running)
     if answer["energy_kwh"] is None:
@@ -108,7 +136,7 @@ def _section(ref: data.JobRef, running: bool) -> None:
         st.info("No epochs: the job's training steps carry no epoch (or it has no jobsight callback).")
         return
     frame = _frame(answer["epochs"])
-    st.dataframe(_table(frame), hide_index=True, width="stretch", column_config=_COLUMNS)
+    st.dataframe(_table(frame, kg_per_kwh), hide_index=True, width="stretch", column_config=_COLUMNS)
     st.caption(" ".join(filter(None, [
         "An epoch runs from its first step to the next epoch's; the last one to the last step.",
         _outside(answer),

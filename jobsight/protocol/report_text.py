@@ -9,7 +9,7 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any, Final
 
-from jobsight.protocol import job_states, links
+from jobsight.protocol import energy_text, job_states, links
 
 WIDTH: Final = 72
 BAR: Final = 40
@@ -110,8 +110,12 @@ def format_report(job: dict[str, Any], answer: dict[str, Any]) -> str:
         ("Run Time", _duration(summary.get("elapsed_s"))),
         ("Time Limit", _duration(job.get("time_limit_s"))),
         ("GPU-hours", f"{summary['gpu_hours']:.3f}" if summary.get("gpu_hours") is not None else "-"),
-        ("Energy", f"{summary['energy_kwh']:.4f} kWh" if summary.get("energy_kwh") is not None else "-"),
     ):
+        lines.append(f"{label:>15}: {value}")
+    energy = answer.get("energy")
+    if energy is None:  # an older collector's answer: the GPUs' energy alone
+        lines.append(f"{'Energy':>15}: " + energy_text.kwh(summary.get("energy_kwh")))
+    for label, value in energy_text.energy_rows(energy) if energy is not None else ():
         lines.append(f"{label:>15}: {value}")
 
     shares = [g["peak_mem_share"] * 100 for g in gpus if g.get("peak_mem_share") is not None]

@@ -203,7 +203,7 @@ def test_the_monthly_reports_of_a_user_and_an_account_sponsor(
     [mine] = mailbox.to(f"{user}@example.org", f"GPU report for {user}, {label}")
     text = body(mine)
     assert "Jobs: 2" in text and "GPU-hours: 14.0" in text and "Idle GPU-hours: 4.0" in text
-    assert "Mean GPU utilisation: 65 %" in text and "Energy: 7.00 kWh" in text  # (10*90 + 4*1) / 14
+    assert "Mean GPU utilisation: 65 %" in text and "Energy of the GPUs: 7.00 kWh" in text  # (10*90 + 4*1) / 14
     assert f"{DASHBOARD}/job?cluster=default&job={idle}" in text and busy not in text
     [sponsor] = mailbox.to("prof_x@example.org", f"GPU report for account {account}, {label}")
     assert "Jobs: 2" in body(sponsor)

@@ -1,4 +1,5 @@
-"""``GET /v1/jobs/{job_id}/epochs``: energy per epoch, from :mod:`jobsight.collector.query.epoch_energy`."""
+"""``GET /v1/jobs/{job_id}/epochs``: energy per epoch (:mod:`jobsight.collector.query.epoch_energy`);
+``GET /v1/jobs/{job_id}/energy``: the whole job's energy and emissions (:mod:`jobsight.collector.query.job_energy`)."""
 
 from __future__ import annotations
 
@@ -6,9 +7,11 @@ from typing import Any
 
 from fastapi import APIRouter
 
-from jobsight.collector.api.deps import Pool
+from jobsight.collector.api.deps import Pool, Settings
 from jobsight.collector.api.job_access import ReadableJob
+from jobsight.collector.jobs import summaries
 from jobsight.collector.query import epoch_energy
+from jobsight.collector.query.job_energy import carbon_of, job_energy
 from jobsight.collector.store.db import unit_of_work
 
 router = APIRouter(prefix="/v1/jobs", tags=["read"])
@@ -24,3 +27,16 @@ def get_epochs(job: ReadableJob, pool: Pool) -> dict[str, Any]:
     the time after it and the total are still growing (``growing``)."""
     with unit_of_work(pool) as conn:
         return epoch_energy.job_epochs(conn, job.cluster, job.job_id, running=job.row["state"] == "running")
+
+
+@router.get("/{job_id}/energy")
+def get_energy(job: ReadableJob, pool: Pool, settings: Settings) -> dict[str, Any]:
+    """The job's energy in kWh: its GPUs' (``gpu_kwh``, as in its summary), its share of its nodes'
+    power beside the GPUs (``node_kwh``, with ``node``: the sources, the split and how many of its
+    host samples carried a figure) and both (``total_kwh``); ``emissions``: kg CO2e with the PUE, the
+    energy-weighted carbon intensity and its sources (``None`` where the site set no intensity);
+    ``final``: the job ended and these are its summary's figures, else they are so far."""
+    with unit_of_work(pool) as conn:
+        stored = summaries.get_summary(conn, job.cluster, job.job_id)
+        return {"cluster": job.cluster, "job_id": job.job_id,
+                **job_energy(conn, job.cluster, job.job_id, carbon_of(settings.carbon), stored)}

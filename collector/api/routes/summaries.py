@@ -9,6 +9,7 @@ from fastapi import APIRouter
 from jobsight.collector.api.deps import Pool, Settings
 from jobsight.collector.api.job_access import AuthorizedJob, job_not_found
 from jobsight.collector.jobs import summaries
+from jobsight.collector.query.job_energy import carbon_of, job_energy
 from jobsight.collector.store.db import unit_of_work
 from jobsight.protocol import links
 
@@ -20,15 +21,17 @@ def get_summary(job: AuthorizedJob, pool: Pool, settings: Settings) -> dict[str,
     """The stored summary of an ended job (``final: true``), or one computed now from the
     rows so far for a job still running (``final: false``, not stored), with the link to
     the job's dashboard page (``dashboard_url``) and the dashboard's public URL
-    (``dashboard_base_url``), under which ``jobsight report`` builds its other links."""
+    (``dashboard_base_url``), under which ``jobsight report`` builds its other links; ``energy``: the
+    whole job's energy and emissions (as ``GET /v1/jobs/{job_id}/energy``)."""
     # Not ReadableJob: a stored summary answers on its own, whatever the jobs table holds;
     # only a job with neither a stored nor a live summary is unknown (404).
     link = links.job_link(job.cluster, job.job_id, base=settings.dashboard_url)
     with unit_of_work(pool) as conn:
         stored = summaries.get_summary(conn, job.cluster, job.job_id)
         live = summaries.compute_summary(conn, job.cluster, job.job_id) if stored is None else None
-    if stored is None and live is None:
-        raise job_not_found(job)
+        if stored is None and live is None:
+            raise job_not_found(job)
+        energy = job_energy(conn, job.cluster, job.job_id, carbon_of(settings.carbon), stored)
     return {
         "cluster": job.cluster,
         "job_id": job.job_id,
@@ -37,4 +40,5 @@ def get_summary(job: AuthorizedJob, pool: Pool, settings: Settings) -> dict[str,
         "summary": stored["summary"] if stored is not None else live,
         "dashboard_url": link,
         "dashboard_base_url": settings.dashboard_url,
+        "energy": energy,
     }
