@@ -16,12 +16,18 @@ ENERGY_SPLITS: Final = {
 NO_NODE_SOURCE: Final = "GPUs only: no node power source on its nodes"
 
 
+def figure(value: float) -> str:
+    """Five significant digits (a small job's 0.023156 kWh as exactly as a large one's 12345 kWh),
+    never a power of ten."""
+    return f"{value:.1f}" if abs(value) >= 100_000 else f"{value:.5g}" if abs(value) >= 1e-4 else f"{value:.6f}"
+
+
 def kwh(value: float | None) -> str:
-    return "-" if value is None else f"{value:.4f} kWh"
+    return "-" if value is None else f"{figure(value)} kWh"
 
 
 def co2e(value: float | None) -> str:
-    return "-" if value is None else f"{value:.4f} kg CO2e"
+    return "-" if value is None else f"{figure(value)} kg CO2e"
 
 
 def node_method(node: dict[str, Any] | None) -> str:

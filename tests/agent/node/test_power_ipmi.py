@@ -198,15 +198,22 @@ def test_reads_the_power_sensor_over_lan(bmc: SimulatedBmc, interface: str) -> N
 
 
 @pytest.mark.parametrize(
-    ("interface", "user", "password"),
-    [("lanplus", "monitor", WRONG_PASSWORD), ("lan", "monitor", WRONG_PASSWORD), ("lanplus", "nobody", PASSWORD)],
-    ids=["lanplus-wrong-password", "lan-wrong-password", "lanplus-unknown-user"],
+    ("interface", "user", "password", "privilege"),
+    [
+        ("lanplus", "monitor", WRONG_PASSWORD, "USER"),
+        ("lan", "monitor", WRONG_PASSWORD, "USER"),
+        ("lanplus", "nobody", PASSWORD, "USER"),
+        ("lan", "monitor", PASSWORD, "ADMINISTRATOR"),  # ipmitool's own default privilege
+    ],
+    ids=["lanplus-wrong-password", "lan-wrong-password", "lanplus-unknown-user", "lan-above-the-user-privilege"],
 )
-def test_wrong_credentials_are_refused(bmc: SimulatedBmc, interface: str, user: str, password: str) -> None:
+def test_wrong_credentials_are_refused(
+    bmc: SimulatedBmc, interface: str, user: str, password: str, privilege: str
+) -> None:
     wrong = bmc.root / "wrong-password"
     wrong.write_text(password + "\n")
     # 3 s: over IPMI 1.5 the BMC drops the wrong activation and ipmitool says so after its 2 s wait.
-    target = bmc.target(interface=interface, user=user, password_file=str(wrong), timeout_s=3.0)
+    target = bmc.target(interface=interface, user=user, password_file=str(wrong), timeout_s=3.0, privilege=privilege)
     with pytest.raises(PowerReadError) as caught:
         read_ipmi_power_w(target)
     assert caught.value.refused, str(caught.value)
