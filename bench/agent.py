@@ -1,6 +1,6 @@
 """Agent-side costs, printed as numbers and ratios (not a test; CI does not run it).
 
-    .venv/bin/python bench/agent.py [--records 100000] [--log-calls 100000] [--ticks 2000] [--faults-only]
+    .venv/bin/python bench/agent.py [--records 100000] [--log-calls 100000] [--ticks 2000] [--faults-only] [--power-only]
 
 1. ``logging`` emit cost of :class:`jobsight.agent.training.logs.JobsightHandler` against the standard
    library's :class:`logging.handlers.QueueHandler`, in the same run (ratio).
@@ -13,6 +13,11 @@
    of 8 SXM GPUs with 18 NVLinks each (an HGX H100), in the same run. The issue's budget: under
    1.10 for the daemon's tick. ``--faults-only`` runs this part alone, without a collector (the
    records stay in the shipper's queue; both sides queue the same).
+5. What a node power source costs the node daemon's tick (``--power-only`` alone): the tick with RAPL
+   (a powercap tree of two packages and their DRAM, in the kernel's layout, under a work folder) and
+   with a BMC source (the tick's part: the latest reading, less the GPUs', split across the jobs;
+   the BMC itself is read on its own thread every ``JOBSIGHT_POWER_INTERVAL_S``, 10 s, not per tick)
+   as ratios to the tick without, same run. The issue's budget: under 1.10.
 """
 
 from __future__ import annotations
@@ -242,22 +247,73 @@ def bench_faults(ticks: int, work: Path, settings: AgentSettings) -> None:
         sampler.close()
 
 
+def _powercap(root: Path, step_uj: int) -> None:
+    for zone, name in (("intel-rapl:0", "package-0"), ("intel-rapl:0:0", "dram"), ("intel-rapl:1", "package-1"),
+                       ("intel-rapl:1:0", "dram"), ("intel-rapl:0:1", "core")):
+        (root / zone).mkdir(parents=True, exist_ok=True)
+        (root / zone / "name").write_text(name + "\n")
+        (root / zone / "max_energy_range_uj").write_text("262143328850\n")
+        (root / zone / "energy_uj").write_text(f"{1_000_000 + step_uj}\n")
+
+
+def bench_power(ticks: int, work: Path, settings: AgentSettings) -> None:
+    library = _fake_library()
+    if library is None:
+        return
+    from jobsight.agent.node.daemon import NodeDaemon
+    from jobsight.agent.node.node_energy import BmcPower, NodeEnergy
+    from jobsight.agent.node.node_power import BackgroundPowerReader
+    from jobsight.agent.node.nvml import NvmlSampler
+    from jobsight.agent.node.power_rapl import RaplCounters
+    from jobsight.agent.node.registrations import Registration, write_registration
+
+    os.environ["FAKE_NVML_SCENARIO"] = str(hgx_scenario(work / "hgx.json"))
+    jobs = work / "power-jobs"
+    for index, job in enumerate(("1", "2")):
+        write_registration(jobs, Registration(cluster="default", job_id=job, node="bench", started_us=now_us(),
+                                              gpus=tuple(range(4 * index, 4 * index + 4))))
+    powercap = work / "powercap"
+    _powercap(powercap, 0)
+    bmc = BackgroundPowerReader("bmc", lambda: 4200.0, 10.0)
+    bmc.read_once()  # a reading the tick takes; the reader's thread is not started
+    shipper = Shipper(settings, use_spool=False)
+    sampler = NvmlSampler(str(library), faults=True, events=True)
+    energies = {"none": None, "rapl": NodeEnergy(RaplCounters(str(powercap)), "cores"),
+                "bmc": NodeEnergy(BmcPower(bmc, 1e9), "cores")}
+    daemons = {name: NodeDaemon(settings, sampler, shipper, registration_dir=str(jobs), energy=energy)
+               for name, energy in energies.items()}
+    for daemon in daemons.values():
+        daemon.tick()
+    ticked: dict[str, list[float]] = {name: [] for name in daemons}
+    for _ in range(5):  # alternated, best of five
+        for name, daemon in daemons.items():
+            ticked[name].append(_cpu_per_tick(daemon.tick, max(1, ticks // 10)))
+    base = min(ticked["none"])
+    print(f"power: daemon tick {base * 1e3:.2f} ms CPU without a node power source; with RAPL "
+          f"{min(ticked['rapl']) * 1e3:.2f} ms, ratio {min(ticked['rapl']) / base:.3f}x; with a BMC source "
+          f"{min(ticked['bmc']) * 1e3:.2f} ms, ratio {min(ticked['bmc']) / base:.3f}x (budget: under 1.10x; "
+          f"8 GPUs, 2 jobs, this machine's /proc)")
+    shipper.shutdown(5)
+    sampler.close()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--records", type=int, default=100_000)
     parser.add_argument("--log-calls", type=int, default=100_000)
     parser.add_argument("--ticks", type=int, default=2000)
     parser.add_argument("--faults-only", action="store_true", help="only the fault counters' cost (no collector)")
+    parser.add_argument("--power-only", action="store_true", help="only the node power source's cost (no collector)")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
-    if args.faults_only:
+    if args.faults_only or args.power_only:
         with tempfile.TemporaryDirectory(prefix="jobsight-bench-") as tmp:
             work = Path(tmp)
             # Nowhere to send to, and no batch due while measuring: both sides only queue.
             settings = AgentSettings(url="http://127.0.0.1:9", token="bench", node="bench", job_id="bench",
                                      spool_dir=str(work / "spool"), data_dir=str(work / "agent"),
                                      queue_max=10_000_000, batch_records=10_000_000, batch_age_s=3600)
-            bench_faults(args.ticks, work, settings)
+            (bench_power if args.power_only else bench_faults)(args.ticks, work, settings)
         return
     with running_stack() as stack:
         work = stack.work
@@ -274,6 +330,7 @@ def main() -> None:
         bench_shipper(settings, args.records)
         bench_nvml(args.ticks, work, settings)
         bench_faults(args.ticks, work, settings)
+        bench_power(args.ticks, work, settings)
 
 
 if __name__ == "__main__":

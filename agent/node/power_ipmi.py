@@ -25,7 +25,7 @@ from typing import Final
 
 from jobsight.agent.node.node_power import PowerReadError
 
-_INTERFACES: Final = ("lanplus", "lan")
+_INTERFACES: Final = ("lanplus", "lan", "open")
 _PRIVILEGES: Final = ("USER", "OPERATOR", "ADMINISTRATOR")
 _DCMI_WATTS: Final = re.compile(r"Instantaneous power reading:\s*(\d+(?:\.\d+)?)\s*Watts", re.IGNORECASE)
 _DCMI_STATE: Final = re.compile(r"Power reading state is:\s*(\w+)", re.IGNORECASE)
@@ -57,7 +57,8 @@ class IpmiTarget:
     ipmitool: str = "ipmitool"
     """The ipmitool executable (a name looked up in ``PATH``, or a path)."""
     host: str | None = None
-    """The BMC's address; ``None`` reads this node's own BMC in-band (``-I open``, ``/dev/ipmi0``)."""
+    """The BMC's address; ``None`` reads this node's own BMC in-band (``-I open``, ``/dev/ipmi0``),
+    whatever ``interface`` says."""
     port: int = 623
     user: str | None = None
     """``None``: the BMC's anonymous user."""
@@ -68,7 +69,8 @@ class IpmiTarget:
     timeout_s: float = 5.0
     """The whole ipmitool run, session setup and SDR walk included; it is killed past this."""
     interface: str = "lanplus"
-    """``lanplus`` (IPMI 2.0, RMCP+) or ``lan`` (IPMI 1.5; old BMCs, simulators)."""
+    """``lanplus`` (IPMI 2.0, RMCP+) or ``lan`` (IPMI 1.5; old BMCs, simulators) to reach ``host``;
+    ``open`` (in-band) only without one."""
     cipher_suite: int | None = None
     """ipmitool's ``-C``; ``None`` lets ipmitool ask the BMC, which costs a timeout on BMCs
     (and ``ipmi_sim``) that do not answer Get Channel Cipher Suites."""
@@ -79,6 +81,8 @@ class IpmiTarget:
     def __post_init__(self) -> None:
         if self.interface not in _INTERFACES:
             raise ValueError(f"IPMI interface must be one of {', '.join(_INTERFACES)}, not {self.interface!r}")
+        if self.interface == "open" and self.host is not None:
+            raise ValueError(f"IPMI interface open reads the local BMC, not {self.host}: use lanplus or lan")
         if self.privilege not in _PRIVILEGES:
             raise ValueError(f"IPMI privilege must be one of {', '.join(_PRIVILEGES)}, not {self.privilege!r}")
         if not 0 < self.port < 65536:

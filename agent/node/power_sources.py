@@ -21,11 +21,15 @@ STALE_AFTER_READS = 3
 def _bmc(settings: AgentSettings) -> BackgroundPowerReader | None:
     interval = settings.power_interval_s
     if settings.power_source == "ipmi":
-        target = IpmiTarget(
-            ipmitool=settings.ipmitool, host=settings.ipmi_host, port=settings.ipmi_port, user=settings.ipmi_user,
-            password_file=settings.ipmi_password_file, sensor=settings.ipmi_sensor,
-            interface=settings.ipmi_interface if settings.ipmi_host else "open",
-            timeout_s=min(interval, 5.0))
+        try:
+            target = IpmiTarget(
+                ipmitool=settings.ipmitool, host=settings.ipmi_host, port=settings.ipmi_port, user=settings.ipmi_user,
+                password_file=settings.ipmi_password_file, sensor=settings.ipmi_sensor,
+                interface=settings.ipmi_interface if settings.ipmi_host else "open",
+                timeout_s=min(interval, 5.0))
+        except ValueError as exc:
+            log.warning("jobsight agent: the IPMI settings %s; node power off", exc)
+            return None
         return BackgroundPowerReader("ipmi", lambda: read_ipmi_power_w(target), interval)
     if settings.redfish_url is None:
         log.warning("jobsight agent: JOBSIGHT_POWER_SOURCE=redfish needs JOBSIGHT_REDFISH_URL; node power off")

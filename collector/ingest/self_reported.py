@@ -29,7 +29,8 @@ SAMPLE_KINDS: Final = frozenset({"gpu_sample", "gpu_event", "host_sample"})
 # The measurements a sample carries (numbers and flags), not its names and ids.
 _GPU_VALUES: Final = tuple(f.name for f in dataclasses.fields(GpuSample)
                            if f.name not in ("gpu_index", "gpu_uuid", "gpu_name", "mig_uuid"))
-_HOST_VALUES: Final = tuple(f.name for f in dataclasses.fields(HostSample))
+_HOST_VALUES: Final = tuple(f.name for f in dataclasses.fields(HostSample)
+                            if f.name not in ("power_source", "energy_split"))
 
 
 def has_samples(batch: Batch) -> bool:

@@ -116,6 +116,28 @@ def test_a_registered_jobs_own_gpu_samples_are_kept_as_self_reported(secret_clie
     assert db.execute("SELECT count(*) FROM log_events WHERE job_id = %s", (job_id,)).fetchone()[0] == 1
 
 
+def host(job: str, energy_j: float) -> dict[str, Any]:
+    return {"kind": "host_sample", "job": job, "ts": now_us(), "node": "n1", "cpu_time_s": 10.0,
+            "energy_j": energy_j, "power_source": "rapl", "energy_split": "cpu_time+idle_cores"}
+
+
+def test_a_registered_jobs_own_host_energy_is_kept_as_self_reported(secret_client: Any, db: Any,
+                                                                     job_id: str) -> None:
+    """A job cannot lower its node energy (nor charge it to another) by sending host samples with its
+    own token: only the node daemon's reach host_samples, which the summaries and the audit add up."""
+    node = mint_node_token(SECRET, "default", "n1")
+    assert post(secret_client, encode_batch("prolog", next_seq(), [prolog(job_id)]), **bearer(node)).status_code == 200
+    real = post(secret_client, encode_batch("daemon", next_seq(), [host(job_id, 500.0)]), **bearer(node))
+    assert real.status_code == 200, real.text
+    own = mint_job_token(SECRET, "default", job_id, 3600, uid=1001)
+    forged = post(secret_client, encode_batch("job", next_seq(), [host(job_id, 0.0)]), **bearer(own))
+    assert forged.status_code == 200, forged.text
+    assert db.execute("SELECT energy_j, power_source FROM host_samples WHERE job_id = %s",
+                      (job_id,)).fetchall() == [(500.0, "rapl")]
+    kept = db.execute("SELECT name, value FROM metrics WHERE job_id = %s ORDER BY name", (job_id,)).fetchall()
+    assert kept == [("self-reported/n1/host/cpu_time_s", 10.0), ("self-reported/n1/host/energy_j", 0.0)]
+
+
 def xid(job: str, code: int, node: str = "n1") -> dict[str, Any]:
     return {"kind": "gpu_event", "job": job, "ts": now_us(), "node": node, "gpu_index": 0, "gpu_uuid": "GPU-h",
             "event": "xid", "code": code}

@@ -244,6 +244,14 @@ def test_missing_ipmitool_and_unreadable_password_file(tmp_path: Path) -> None:
         read_ipmi_power_w(no_file)
     with pytest.raises(ValueError):
         IpmiTarget(interface="serial")
+    with pytest.raises(ValueError):
+        IpmiTarget(host="127.0.0.1", interface="open")
+
+
+def test_the_local_bmc_is_read_in_band() -> None:
+    for interface in ("lanplus", "open"):
+        argv = ipmitool_argv(IpmiTarget(interface=interface))
+        assert argv == ["ipmitool", "-I", "open", "dcmi", "power", "reading"]
 
 
 def test_an_outage_is_said_once_and_its_end_once(bmc: SimulatedBmc, power_log: pytest.LogCaptureFixture) -> None:
