@@ -1,6 +1,6 @@
 """Agent-side costs, printed as numbers and ratios (not a test; CI does not run it).
 
-    .venv/bin/python bench/agent.py [--records 100000] [--log-calls 100000] [--ticks 2000] [--faults-only] [--power-only]
+    .venv/bin/python bench/agent.py [--records N] [--log-calls N] [--ticks 2000] [--faults-only] [--power-only]
 
 1. ``logging`` emit cost of :class:`jobsight.agent.training.logs.JobsightHandler` against the standard
    library's :class:`logging.handlers.QueueHandler`, in the same run (ratio).

@@ -237,7 +237,9 @@ def _admin_only(viewer: Viewer) -> None:
 
 
 @st.cache_data(ttl=TTL, show_spinner=False)
-def _audit(start: dt.datetime, end: dt.datetime, cluster: str | None, low: float, idle: float) -> dict[str, Any]:
+def _audit(start: dt.datetime, end: dt.datetime, cluster: str | None, low: float, idle: float,
+           factors: str) -> dict[str, Any]:
+    del factors  # the cache's key, as for _energy
     factor = energy_queries.co2e_per_kwh(carbon())
 
     def read_all(conn: Connection) -> dict[str, Any]:
@@ -261,7 +263,7 @@ def audit(viewer: Viewer, start: dt.datetime, end: dt.datetime, *, cluster: str 
           low_util_percent: float, idle_util_percent: float) -> dict[str, Any]:
     """Totals, GPU-hours by user/account/partition, idle and low-use jobs, daily trend."""
     _admin_only(viewer)
-    return _audit(start, end, cluster, low_util_percent, idle_util_percent)
+    return _audit(start, end, cluster, low_util_percent, idle_util_percent, carbon().settings.model_dump_json())
 
 
 # ---- waste policies' steps ----------------------------------------------------------------------
@@ -343,20 +345,20 @@ def _epochs(cluster: str, job_id: str, running: bool) -> dict[str, Any]:
     return _read(epoch_energy.job_epochs, cluster, job_id, running=running)
 
 
-@st.cache_resource(show_spinner=False)
 def carbon() -> energy_queries.CarbonIntensity:
     """The site's carbon intensity (``[carbon]``, ``JOBSIGHT_CARBON_*``), as the collector reads it."""
     return energy_queries.carbon_of(load_carbon_settings())
 
 
 @st.cache_data(ttl=TTL, show_spinner=False)
-def _energy(cluster: str, job_id: str) -> dict[str, Any]:
+def _energy(cluster: str, job_id: str, factors: str) -> dict[str, Any]:
+    del factors  # the cache's key: figures of other carbon settings are not these
     return _read(energy_queries.read_job_energy, cluster, job_id, carbon())
 
 
 def energy(ref: JobRef) -> dict[str, Any]:
     """The whole job's energy and emissions: :func:`jobsight.collector.query.job_energy.job_energy`."""
-    return _energy(ref.cluster, ref.job_id)
+    return _energy(ref.cluster, ref.job_id, carbon().settings.model_dump_json())
 
 
 def epochs(ref: JobRef, running: bool) -> dict[str, Any]:

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import logging
 
-from jobsight.agent.node.power_ipmi import IpmiTarget, read_ipmi_power_w
-
 from jobsight.agent.node.node_energy import BmcPower, NodeEnergy, PowerSource
 from jobsight.agent.node.node_power import BackgroundPowerReader
+from jobsight.agent.node.power_ipmi import IpmiTarget, read_ipmi_power_w
 from jobsight.agent.node.power_rapl import RaplCounters
 from jobsight.agent.node.power_redfish import RedfishReader, RedfishTarget
 from jobsight.agent.settings import AgentSettings

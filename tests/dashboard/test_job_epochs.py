@@ -63,3 +63,32 @@ def test_audit_counts_the_running_job_and_marks_it_growing(app_as: Callable[...,
     assert by_user.loc["alice", "running_jobs"] == 1
     assert by_user.loc["alice", "energy note"] == "≥ still growing"
     assert by_user.loc["alice", "energy_kwh"] == pytest.approx(2 * 1799 * 300 / J_PER_KWH)
+
+
+def test_job_page_and_audit_show_the_same_emissions(app_as: Callable[..., AppTest], dashboard_env: Seed,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """With a site intensity and PUE, the running job's page shows its whole energy (its GPUs here: the
+    seeded nodes have no node power source, and the page says so) and kg CO2e so far, and the audit
+    counts the same."""
+    monkeypatch.setenv("JOBSIGHT_CARBON_INTENSITY_G_PER_KWH", "250")
+    monkeypatch.setenv("JOBSIGHT_CARBON_PUE", "1.5")
+    kwh = 2 * 1799 * 300 / J_PER_KWH
+    kg = kwh * 1.5 * 250 / 1000
+    at = app_as("alice", "views/job.py", cluster=dashboard_env.cluster, job=dashboard_env.running)
+    _ok(at)
+    metrics = {m.label: m.value for m in at.metric}
+    assert metrics["Energy, whole job (kWh)"] == f"≥ {kwh:.4f}"
+    assert metrics["GPUs (kWh)"] == f"≥ {kwh:.4f}"
+    assert metrics["Rest of the nodes (kWh)"] == "-"
+    assert metrics["Emissions (kg CO2e)"] == f"≥ {kg:.4f}"
+    said = texts(at)
+    assert "GPUs only: no node power source on its nodes" in said and "PUE 1.50 x 250.0 g CO2e/kWh (site value)" in said
+    table = next(d.value for d in at.dataframe if "J/sample" in d.value.columns)
+    assert sum(table["kg CO2e"]) == pytest.approx(kg * sum(table["kWh"]) / kwh)
+
+    audit = app_as("root", "views/audit.py")
+    today = dt.datetime.now(dt.UTC).date()
+    audit.date_input(key="audit_from").set_value(today - dt.timedelta(days=1))
+    audit.date_input(key="audit_to").set_value(today).run()
+    _ok(audit)
+    assert {m.label: m.value for m in audit.metric}["Emissions (kg CO2e)"] == f"≥ {kg:.2f}"
