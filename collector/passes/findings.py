@@ -184,8 +184,9 @@ class Evaluation:
 
 def _pending(rank: RankSteps, phase: PendingPhase | None) -> RankSteps:
     """``rank`` with ``phase`` when it is about the step after its last one: a report from before
-    its last step is over (the rank stepped on since)."""
-    if phase is None or phase.since < rank.last_step_at - 1e-6:
+    its last step is over (the rank stepped on since). Times on the wire are whole microseconds, each
+    rounded on its own way there: a millisecond's slack keeps the report that begins as that step ends."""
+    if phase is None or phase.since < rank.last_step_at - 1e-3:
         return rank
     return dataclasses.replace(rank, pending=phase)
 

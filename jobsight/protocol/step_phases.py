@@ -71,7 +71,7 @@ class PendingPhase:
 
     def attrs(self) -> dict[str, Any]:
         """The log record's ``attrs`` that carry it (the inverse of :func:`parse`)."""
-        return {"event": PHASE_EVENT, "step": self.step, "phase": self.phase, "since_us": int(self.since * 1e6)}
+        return {"event": PHASE_EVENT, "step": self.step, "phase": self.phase, "since_us": round(self.since * 1e6)}
 
 
 def parse(attrs: Any) -> PendingPhase | None:

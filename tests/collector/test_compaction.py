@@ -434,7 +434,9 @@ def test_downgrade_puts_packed_rows_back(empty_database_url: str) -> None:
     day = (NOW - dt.timedelta(days=40)).date()
     migrate.upgrade(empty_database_url)
     columns = "ts, node, gpu_index, gpu_uuid, util_gpu, power_w, energy_j"
-    hosts = "SELECT * FROM host_samples ORDER BY ts, node NULLS FIRST, cpu_util"
+    # The columns 0008 knew: the later ones (0014's node energy) go with their own downgrade.
+    hosts = ("SELECT cluster, job_id, ts, node, cpu_util, cpu_time_s, mem_used, mem_limit FROM host_samples "
+             "ORDER BY ts, node NULLS FIRST, cpu_util")
     with psycopg.connect(empty_database_url, autocommit=True, row_factory=dict_row) as conn:
         _raw_samples(conn, job, day)
         conn.execute(
