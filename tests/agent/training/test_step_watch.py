@@ -44,7 +44,7 @@ def test_a_phase_is_reported_once_when_it_lasts_and_a_busy_loop_reports_nothing(
     clock.now += 2.0
     assert watch.check() and not watch.check(), "once per phase"
     assert events.sent == [("step 100 has been in its forward pass for 31 s",
-                            {"event": PHASE_EVENT, "step": 100, "phase": "forward", "since_us": int(since * 1e6)})]
+                            {"event": PHASE_EVENT, "step": 100, "phase": "forward", "since_us": round(since * 1e6)})]
     back = parse(events.sent[0][1])
     assert back is not None and (back.step, back.phase) == (100, FORWARD) and abs(back.since - since) < 1e-6
     # The next phase is a new one: reported again when it lasts too.
