@@ -111,7 +111,9 @@ class NodeDaemon:
                 result.gpu_records += 1
         if result.nvml_ok:
             result.event_records = self._gpu_events(jobs_of_gpu, ts, node)
-        result.host_records = self._host_samples(registrations, ts, node, _gpu_watts(readings))
+        # Without NVML this tick the GPUs' power is unknown: a BMC's whole-node watts cannot be split from it.
+        gpu_watts = _gpu_watts(readings) if result.nvml_ok else None
+        result.host_records = self._host_samples(registrations, ts, node, gpu_watts)
         if result.unattributed:
             log.debug("jobsight agent: %d GPU row(s) with no job this tick, not shipped", result.unattributed)
         return result
@@ -140,7 +142,7 @@ class NodeDaemon:
                     self.settings.node,
                 )
 
-    def _host_samples(self, registrations: list[Registration], ts: int, node: str, gpu_watts: float) -> int:
+    def _host_samples(self, registrations: list[Registration], ts: int, node: str, gpu_watts: float | None) -> int:
         jobs = [r.job_id for r in registrations]
         self._host.forget(jobs)
         by_job: dict[str, list[int]] | None = None

@@ -23,9 +23,10 @@ class PowerSource(Protocol):
         """The wire's name: ``rapl``, ``ipmi`` or ``redfish``."""
         ...
 
-    def energy_since_last(self, gpu_watts: float, now: float) -> float | None:
+    def energy_since_last(self, gpu_watts: float | None, now: float) -> float | None:
         """Joules the node used besides its GPUs since the previous call (``now``: monotonic
-        seconds; ``gpu_watts``: the GPUs' power this tick); ``None`` when this interval has none."""
+        seconds; ``gpu_watts``: the GPUs' power this tick, ``None`` when NVML could not say); ``None``
+        when this interval has none."""
         ...
 
     def close(self) -> None:
@@ -44,10 +45,10 @@ class BmcPower:
         self.max_age_s = max_age_s
         self._previous: float | None = None
 
-    def energy_since_last(self, gpu_watts: float, now: float) -> float | None:
+    def energy_since_last(self, gpu_watts: float | None, now: float) -> float | None:
         before, self._previous = self._previous, now
         reading = self.reader.latest(self.max_age_s)
-        if reading is None or before is None or now <= before:
+        if reading is None or before is None or now <= before or gpu_watts is None:
             return None
         # A BMC reads the wall socket and NVML the board: a node idling at the GPUs' readings'
         # error can read below them; what is beside the GPUs is then nothing, never negative.
@@ -70,7 +71,7 @@ class NodeEnergy:
         self._cpu: CpuTimes | None = None
         self._jobs: dict[str, float] = {}
 
-    def tick(self, gpu_watts: float, now: float, jobs: dict[str, tuple[float | None, int | None]]
+    def tick(self, gpu_watts: float | None, now: float, jobs: dict[str, tuple[float | None, int | None]]
              ) -> dict[str, float]:
         """Each job's joules since the previous tick, from ``jobs``' CPU time so far and cores. A job
         first seen this tick, or whose CPU time is unknown, gets none; so does every job when the

@@ -75,7 +75,7 @@ class RaplCounters:
                         "(the daemon must run as root; is the intel_rapl driver loaded?)", root)
         self._previous: dict[str, int] = {}
 
-    def energy_since_last(self, gpu_watts: float, now: float) -> float | None:
+    def energy_since_last(self, gpu_watts: float | None, now: float) -> float | None:
         """Joules since the previous call, the counters' wrap-arounds undone; ``None`` on the first call
         or when a zone could not be read (that interval has no node figure). ``gpu_watts`` and ``now``
         are unused: RAPL counts energy itself and never includes the GPUs."""

@@ -67,7 +67,7 @@ def error_answer(exc: Exception, method: str, path: str) -> ErrorAnswer:
     if isinstance(exc, NotFound):
         return ErrorAnswer(404, {"detail": {"error": str(exc)}})
     if isinstance(exc, DatabaseUnavailable):
-        log.warning("database unavailable: %s", exc)
+        log.debug("%s %s: database unavailable: %s", method, path, exc)  # the outage itself is said once (store/db.py)
         return ErrorAnswer(503, {"detail": {"error": "database unavailable, retry later"}},
                            {"Retry-After": str(RETRY_AFTER_S)}, "database_unavailable")
     if isinstance(exc, ValueRefused):

@@ -283,6 +283,8 @@ class GroupCommitter:
                 with unit_of_work(self.pool) as conn:
                     jobs_seen.flush(conn, times)
             self.jobs.flushed(times)
+        except DatabaseUnavailable:
+            pass  # an outage, said once where it is met (store/db.py); they stay pending for the next flush
         except Exception:  # boundary: they stay pending, and the next flush writes them
             log.warning("could not write jobs' last_seen; will retry", exc_info=True)
         finally:

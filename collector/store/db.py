@@ -3,14 +3,20 @@
 Routes never catch database errors: :func:`unit_of_work` commits or rolls back and
 turns the errors a caller can act on into the two below, which the app's exception
 handlers map to HTTP: :class:`DatabaseUnavailable` to 503 with ``Retry-After``,
-:class:`ValueRefused` to 422.
+:class:`ValueRefused` to 422. The database unreachable is PostgreSQL's ``OperationalError`` or, on
+Citus, a worker's connection failing under the coordinator (``InternalError``, SQLSTATE XX000: "failure
+on connection marked as essential"); an outage is logged once when it begins and once when it ends
+(:data:`OUTAGE`), not once per request.
 """
 
 from __future__ import annotations
 
+import logging
+import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, Final
 
 import psycopg
 from psycopg.rows import dict_row
@@ -19,6 +25,16 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 from jobsight.collector.store.migrate import libpq_url
 
 Connection = psycopg.Connection[Any]
+
+log = logging.getLogger("jobsight.collector.db")
+
+# How Citus says that a worker it needed is gone (SQLSTATE XX000, psycopg's InternalError): a worker
+# down is an outage of the shards it holds, as a coordinator down is, not a bug of the request.
+_CITUS_CONNECTION_FAILURES: Final = (
+    "failure on connection marked as essential", "connection to the remote node", "could not establish any connections",
+    "connection not open", "server closed the connection unexpectedly", "terminating connection",
+    "could not connect to", "connection error:",
+)
 
 
 class DatabaseUnavailable(RuntimeError):
@@ -33,6 +49,61 @@ class ValueRefused(ValueError):
 def _first_line(exc: BaseException, fallback: str) -> str:
     text = str(exc)
     return text.splitlines()[0] if text else fallback
+
+
+def is_connection_failure(exc: BaseException) -> bool:
+    """Whether ``exc`` says the database (or a Citus worker it needs) cannot be reached: what a retry
+    later may get past."""
+    if isinstance(exc, psycopg.OperationalError | PoolTimeout):
+        return True
+    if isinstance(exc, psycopg.InternalError):
+        text = str(exc).lower()
+        return any(marker in text for marker in _CITUS_CONNECTION_FAILURES)
+    return False
+
+
+class Outage:
+    """Says an outage once when it begins and once when it ends, whatever the number of requests and
+    passes that meet it in between (each still answered 503 and retried)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._since: float | None = None
+        self._refused = 0
+
+    def met(self, reason: str) -> None:
+        with self._lock:
+            self._refused += 1
+            if self._since is not None:
+                return
+            self._since = time.monotonic()
+        log.warning("database unavailable, answering 503 until it is back: %s", reason)
+
+    def passed(self) -> None:
+        if self._since is None:  # the usual case: no lock taken
+            return
+        with self._lock:
+            since, refused, self._since, self._refused = self._since, self._refused, None, 0
+        if since is not None:
+            log.warning("database back after %.0f s (%d request(s) or pass(es) met the outage)",
+                        time.monotonic() - since, refused)
+
+    @property
+    def ongoing(self) -> bool:
+        return self._since is not None
+
+
+OUTAGE: Final = Outage()
+"""This process's view of the database: one line when it goes, one when it comes back."""
+
+
+def unavailable(exc: BaseException, fallback: str = "database unreachable") -> DatabaseUnavailable:
+    """The :class:`DatabaseUnavailable` for a connection failure, the outage noted."""
+    reason = "no database connection available" if isinstance(exc, PoolTimeout) else _first_line(exc, fallback)
+    OUTAGE.met(reason)
+    unavailable_error = DatabaseUnavailable(reason)
+    unavailable_error.__cause__ = exc
+    return unavailable_error
 
 
 def open_pool(database_url: str, size: int) -> ConnectionPool[Connection]:
@@ -58,10 +129,11 @@ def unit_of_work(pool: ConnectionPool[Connection]) -> Iterator[Connection]:
         with pool.connection() as conn:
             with conn.transaction():
                 yield conn
-    except PoolTimeout as exc:
-        raise DatabaseUnavailable("no database connection available") from exc
-    except psycopg.OperationalError as exc:
-        raise DatabaseUnavailable(_first_line(exc, "database unreachable")) from exc
+        OUTAGE.passed()
+    except (PoolTimeout, psycopg.OperationalError, psycopg.InternalError) as exc:
+        if not is_connection_failure(exc):
+            raise
+        raise unavailable(exc) from exc
     except psycopg.DataError as exc:
         # Validation is meant to refuse such values at the door; one that slips through is
         # still the request's fault, not the server's.
@@ -78,9 +150,10 @@ def autocommit_connection(pool: ConnectionPool[Connection]) -> Iterator[Connecti
                 yield conn
             finally:
                 conn.autocommit = False
-    except PoolTimeout as exc:
-        raise DatabaseUnavailable("no database connection available") from exc
-    except psycopg.OperationalError as exc:
-        raise DatabaseUnavailable(_first_line(exc, "database unreachable")) from exc
+        OUTAGE.passed()
+    except (PoolTimeout, psycopg.OperationalError, psycopg.InternalError) as exc:
+        if not is_connection_failure(exc):
+            raise
+        raise unavailable(exc) from exc
     except psycopg.DataError as exc:
         raise ValueRefused(_first_line(exc, "value refused")) from exc

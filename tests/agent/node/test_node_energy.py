@@ -17,7 +17,8 @@ import pytest
 
 from jobsight.agent.node.daemon import NodeDaemon
 from jobsight.agent.node.energy_split import JobCpu, count_cpus, read_cpu_times, split
-from jobsight.agent.node.node_energy import NodeEnergy
+from jobsight.agent.node.node_energy import BmcPower, NodeEnergy
+from jobsight.agent.node.node_power import BackgroundPowerReader
 from jobsight.agent.node.nvml import NvmlSampler
 from jobsight.agent.node.power_rapl import RaplCounters, find_zones
 from jobsight.agent.node.registrations import Registration, write_registration
@@ -159,3 +160,18 @@ def test_two_jobs_sharing_a_node_get_their_joules(
     assert rows[jobs["b"]][1][0] == pytest.approx(292.5, rel=1e-6)
     assert rows[jobs["a"]][1][1:] == ("rapl", "cpu_time+idle_cores")
 
+
+
+def test_a_bmc_reading_less_the_gpus_over_the_tick() -> None:
+    """A BMC's whole-node watts less the GPUs' NVML watts, times the tick; nothing for a tick whose GPU
+    power NVML could not give, nor once the BMC's last reading is stale (it stopped answering)."""
+    clock = [0.0]
+    reader = BackgroundPowerReader("ipmi", lambda: 1000.0, 10.0, clock=lambda: clock[0])
+    reader.read_once()
+    power = BmcPower(reader, max_age_s=30.0)
+    assert power.energy_since_last(600.0, 0.0) is None  # the first tick: no interval yet
+    assert power.energy_since_last(600.0, 5.0) == pytest.approx(400.0 * 5)
+    assert power.energy_since_last(1100.0, 10.0) == 0.0  # the wall reads below the boards: nothing, never less
+    assert power.energy_since_last(None, 15.0) is None
+    clock[0] = 31.0
+    assert power.energy_since_last(600.0, 20.0) is None
