@@ -189,6 +189,18 @@ def hgx_scenario(path: Path, gpus: int = 8, links: int = 18) -> Path:
     return path
 
 
+def _hgx_node(work: Path, folder: str) -> Path:
+    """The fake library set to an HGX node, and two jobs of four GPUs each registered in ``work/folder``."""
+    from jobsight.agent.node.registrations import Registration, write_registration
+
+    os.environ["FAKE_NVML_SCENARIO"] = str(hgx_scenario(work / "hgx.json"))
+    jobs = work / folder
+    for index, job in enumerate(("1", "2")):
+        write_registration(jobs, Registration(cluster="default", job_id=job, node="bench", started_us=now_us(),
+                                              gpus=tuple(range(4 * index, 4 * index + 4))))
+    return jobs
+
+
 def _cpu_per_tick(tick: Any, ticks: int) -> float:
     start = time.process_time()
     for _ in range(ticks):
@@ -202,13 +214,8 @@ def bench_faults(ticks: int, work: Path, settings: AgentSettings) -> None:
         return
     from jobsight.agent.node.daemon import NodeDaemon
     from jobsight.agent.node.nvml import NvmlSampler
-    from jobsight.agent.node.registrations import Registration, write_registration
 
-    os.environ["FAKE_NVML_SCENARIO"] = str(hgx_scenario(work / "hgx.json"))
-    jobs = work / "fault-jobs"
-    for index, job in enumerate(("1", "2")):
-        write_registration(jobs, Registration(cluster="default", job_id=job, node="bench", started_us=now_us(),
-                                              gpus=tuple(range(4 * index, 4 * index + 4))))
+    jobs = _hgx_node(work, "fault-jobs")
     shipper = Shipper(settings, use_spool=False)
     samplers = {faults: NvmlSampler(str(library), faults=faults, events=faults) for faults in (False, True)}
     daemons = {faults: NodeDaemon(settings, sampler, shipper, registration_dir=str(jobs))
@@ -265,13 +272,8 @@ def bench_power(ticks: int, work: Path, settings: AgentSettings) -> None:
     from jobsight.agent.node.node_power import BackgroundPowerReader
     from jobsight.agent.node.nvml import NvmlSampler
     from jobsight.agent.node.power_rapl import RaplCounters
-    from jobsight.agent.node.registrations import Registration, write_registration
 
-    os.environ["FAKE_NVML_SCENARIO"] = str(hgx_scenario(work / "hgx.json"))
-    jobs = work / "power-jobs"
-    for index, job in enumerate(("1", "2")):
-        write_registration(jobs, Registration(cluster="default", job_id=job, node="bench", started_us=now_us(),
-                                              gpus=tuple(range(4 * index, 4 * index + 4))))
+    jobs = _hgx_node(work, "power-jobs")
     powercap = work / "powercap"
     _powercap(powercap, 0)
     bmc = BackgroundPowerReader("bmc", lambda: 4200.0, 10.0)

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import psycopg
+import pytest
 
 from jobsight.collector.store.embedded_db import EmbeddedPostgres
 
@@ -41,6 +42,15 @@ def citus_missing() -> str | None:
 def required() -> bool:
     """CI sets ``JOBSIGHT_REQUIRE_CITUS=1``: there a missing Citus fails the tests instead of skipping."""
     return os.environ.get(REQUIRE_ENV) == "1"
+
+
+def skip_or_fail_without_citus() -> None:
+    """Skip the calling test where Citus is not installed, or fail it where CI requires Citus."""
+    why = citus_missing()
+    if why is not None:
+        if required():
+            pytest.fail(f"JOBSIGHT_REQUIRE_CITUS=1 but {why}")
+        pytest.skip(why)
 
 
 @dataclass

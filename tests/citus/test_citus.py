@@ -41,7 +41,7 @@ from jobsight.collector.query import series as queries
 from jobsight.collector.store.citus import LOCAL_TABLES, REFERENCE_TABLES
 from jobsight.collector.store.partitions import PartitionKeeper, partition_name
 from jobsight.collector.tiers import compaction
-from tests.citus.cluster import citus_missing, required, start_citus_cluster, start_single_server
+from tests.citus.cluster import skip_or_fail_without_citus, start_citus_cluster, start_single_server
 from tests.citus.dataset import all_records, day_start
 from tests.conftest import REPO, LiveCollector
 
@@ -95,11 +95,7 @@ def _ship(collector: LiveCollector, spool: Path, records: list[dict[str, Any]]) 
 
 @pytest.fixture(scope="module")
 def sides(tmp_path_factory: pytest.TempPathFactory, data_dir: Path, admin_token: str) -> Iterator[tuple[Side, Side]]:
-    why = citus_missing()
-    if why is not None:
-        if required():
-            pytest.fail(f"JOBSIGHT_REQUIRE_CITUS=1 but {why}")
-        pytest.skip(why)
+    skip_or_fail_without_citus()
     base = tmp_path_factory.mktemp("citus")
     base.chmod(0o755)
     single = start_single_server(base)

@@ -19,7 +19,7 @@ import pytest
 from jobsight.agent.settings import AgentSettings
 from jobsight.agent.shipping.shipper import Shipper
 from jobsight.protocol.wire import now_us
-from tests.citus.cluster import CitusCluster, citus_missing, required, start_citus_cluster
+from tests.citus.cluster import CitusCluster, skip_or_fail_without_citus, start_citus_cluster
 from tests.citus.test_citus import _migrate
 from tests.conftest import LiveCollector
 
@@ -31,11 +31,7 @@ DOWN_S = 12.0
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[CitusCluster]:
-    why = citus_missing()
-    if why is not None:
-        if required():
-            pytest.fail(f"JOBSIGHT_REQUIRE_CITUS=1 but {why}")
-        pytest.skip(why)
+    skip_or_fail_without_citus()
     base = tmp_path_factory.mktemp("citus-outage")
     base.chmod(0o755)
     started = start_citus_cluster(base)
