@@ -21,7 +21,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "up": ("jobsight.commands.up", "start embedded PostgreSQL, the collector and the dashboard"),
     "collector": ("jobsight.commands.server", "run the collector against JOBSIGHT_DATABASE_URL"),
     "migrate": ("jobsight.commands.server", "apply database migrations"),
-    "compact": ("jobsight.commands.compact", "pack closed days of GPU samples into the packed tier now"),
+    "compact": ("jobsight.commands.compact", "pack closed hours of GPU and host samples into the packed tier now"),
     "dashboard": ("jobsight.commands.dashboard", "run the Streamlit dashboard (put your auth proxy in front)"),
     "agent": ("jobsight.commands.agent", "run the node daemon: sample GPUs and ship them to the collector"),
     "slurm": ("jobsight.commands.slurm", "Slurm hooks: prolog, epilog, task-prolog (run by the slurm/ wrappers)"),

@@ -3,7 +3,7 @@
 Its own fields come from ``JOBSIGHT_*`` env vars and the ``[collector]`` table of the file named by
 ``JOBSIGHT_CONFIG``; each room's section keeps its own variables and table:
 
-* ``tiers`` (:mod:`jobsight.collector.config.tiers`): ``JOBSIGHT_HOT_DAYS``, ``JOBSIGHT_COMPACT_*``…
+* ``tiers`` (:mod:`jobsight.collector.config.tiers`): ``JOBSIGHT_HOT_MINUTES``, ``JOBSIGHT_COMPACT_*``…
   in ``[collector]``;
 * ``health`` (:mod:`jobsight.collector.config.health`): ``JOBSIGHT_HEALTH_*``, ``[health]``;
 * ``alerts`` (:mod:`jobsight.collector.config.alerts`): ``JOBSIGHT_ALERTS_*``, ``[alerts]``;

@@ -43,7 +43,7 @@ def maintain_partitions(pool: ConnectionPool[Connection], partitions: PartitionK
 
 def compact_on_timer(pool: ConnectionPool[Connection], partitions: PartitionKeeper, settings: CollectorSettings,
                      stop: threading.Event) -> None:
-    """Pack the closed days of GPU samples every ``JOBSIGHT_COMPACT_INTERVAL_S`` until ``stop`` is set."""
+    """Pack the closed hours of GPU and host samples every ``JOBSIGHT_COMPACT_INTERVAL_S`` until ``stop`` is set."""
     tiers = settings.tiers
     while not stop.wait(tiers.compact_interval_s):
         try:

@@ -3,7 +3,7 @@
 Series are downsampled in SQL with ``date_bin`` so no caller ever pulls raw rows for a
 chart: a series of any length comes back as at most ``points`` buckets. GPU samples and the
 per-minute rollup are read from both storage tiers (:mod:`jobsight.collector.tiers.reads`): a job
-whose closed days were packed gives the answers it gave before. The per-hour rollup
+whose closed hours were packed gives the answers it gave before. The per-hour rollup
 (``gpu_hours``) has one tier: compaction leaves it as it is. Step charts and epoch markers
 read the step rollup (:mod:`jobsight.collector.tiers.step_rollup`) rather than a row per step per rank.
 """

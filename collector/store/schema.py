@@ -502,8 +502,8 @@ alert_outbox = Table(
     Index("ix_alert_outbox_unsent", "next_try_at", postgresql_where=text("sent_at IS NULL")),
 )
 
-# The packed tier. A closed day of gpu_samples and gpu_minutes is rewritten by the compaction
-# pass (collector/tiers/compaction.py) into the three tables below and its raw partitions emptied;
+# The packed tier. A closed hour of gpu_samples and gpu_minutes is rewritten by the compaction
+# pass (collector/tiers/compaction.py) into the three tables below and its raw rows removed;
 # collector/tiers/reads.py reads both tiers as one; collector/tiers/packed_format.py says how each column
 # is encoded. Every key holds job_id (the distribution column on Citus); gpu_devices is a
 # small dictionary (a reference table there).

@@ -1,24 +1,28 @@
-"""The compaction pass: closed days of the hot tier rewritten into the packed tier.
+"""The compaction pass: closed hours of the hot tier rewritten into the packed tier.
 
-For each closed day (one that ended at least ``older_than`` ago) whose ``gpu_samples``,
-``gpu_minutes`` or ``host_samples`` partition holds rows:
+An hour is packed once it ended at least ``older_than`` ago (``JOBSIGHT_HOT_MINUTES``, 15 min by
+default): the raw tier holds the newest minutes, not days. The raw tables stay partitioned by day;
+per day whose partitions hold rows of packable hours, the pass packs the span from the day's start
+to ``until`` (the day's end, or the end of its last packable hour for the day still running):
 
-1. a trigger is put on the day's raw partitions that refuses new rows with a serialization
-   failure: a late batch for that day (an outage being replayed) is answered 503 and sent again
-   by its agent after the pass, while every other batch goes on (the ingest path stores a group
-   that fails so batch by batch). Nothing waits on the pass, and the raw rows cannot change
-   under it;
-2. in one transaction, per job, the job's GPUs are added to ``gpu_devices``, then per hour its
-   samples, and per day its minutes, are packed together with what that job-hour (job-day)
-   already had in the packed tier (late samples that landed after an earlier pass) into
-   ``gpu_sample_blocks`` + ``gpu_sample_timelines`` and ``gpu_minute_blocks``, and per day its
-   host samples into ``host_sample_blocks`` (:mod:`jobsight.collector.tiers.host_tier`);
-3. in the same transaction the raw partitions are truncated and the trigger dropped.
-   TRUNCATE gives the disk space back at commit (new empty files, the old ones unlinked), like
-   a DROP, but keeps the partitions in place, so a later late batch for the day finds its
-   partition, in this process and in every other collector process whose partition cache
-   (``PartitionKeeper``) still lists it. Readers see the raw rows up to the commit and the
-   packed ones from it; both tiers are always read (:mod:`jobsight.collector.tiers.reads`).
+1. a trigger is put on the day's raw partitions that refuses new rows *of the span* (``ts <
+   until``) with a serialization failure: a late batch for those hours (an outage being replayed)
+   is answered 503 and sent again by its agent after the pass, while every other batch, the
+   current hour's among them, goes on (the ingest path stores a group that fails so batch by
+   batch). Nothing waits on the pass, and the span's raw rows cannot change under it;
+2. in one transaction, per job with rows in the span, the job's GPUs are added to
+   ``gpu_devices``, then per hour that has raw rows its samples, minutes and host samples are
+   packed together with what that job-hour already had in the packed tier (late samples that
+   landed after an earlier pass) into ``gpu_sample_blocks`` + ``gpu_sample_timelines``,
+   ``gpu_minute_blocks`` and ``host_sample_blocks`` (:mod:`jobsight.collector.tiers.host_tier`).
+   Blocks are per hour: packing an hour rewrites that hour's blocks and nothing else of its day;
+3. in the same transaction the packed raw rows go: a day that is over is emptied with TRUNCATE
+   (the disk space back at commit, the partition kept, so a later late batch for the day finds
+   it, in this process and in every other whose ``PartitionKeeper`` still lists it); the day
+   still running has the span's rows deleted (its job-hours, through the job's index), and
+   autovacuum makes their space the next hours' rows. Readers see the raw rows up to the commit
+   and the packed ones from it; both tiers are always read (:mod:`jobsight.collector.tiers.reads`).
+   The refusal is lifted after the commit.
 
 Then whole partitions go: the (empty) raw partitions of days no record can reach any more (the
 wire refuses records more than 7 days old), and the packed partitions past their retention, with
@@ -73,6 +77,8 @@ HOUR_ORIGIN: Final = "TIMESTAMPTZ '2000-01-01 00:00:00+00'"
 @dataclass
 class DayReport:
     day: dt.date
+    until: dt.datetime
+    """The end of the packed span: the day's end, or the end of its last closed hour."""
     jobs: int = 0
     samples: int = 0
     """Samples now packed for the day's rewritten job-hours (earlier packed ones included)."""
@@ -81,7 +87,14 @@ class DayReport:
     host_samples: int = 0
     """Host samples now packed for the day's rewritten job-days."""
     raw_bytes: int = 0
-    """The raw partitions' size before the pass (table, TOAST and indexes)."""
+    """A day that is over: its raw partitions' size before the pass (table, TOAST and indexes)."""
+    raw_rows: int = 0
+    """A day still running: the raw rows of its packed hours deleted."""
+
+    @property
+    def whole(self) -> bool:
+        """Whether the whole day was packed (and its raw partitions emptied)."""
+        return self.until >= day_start(self.day) + dt.timedelta(days=1)
 
 
 @dataclass
@@ -109,6 +122,15 @@ def pass_lock(conn: Connection) -> Iterator[bool]:
             _scalar(conn, "SELECT pg_advisory_unlock(%(key)s)", {"key": COMPACTION_LOCK_KEY})
 
 
+def day_start(day: dt.date) -> dt.datetime:
+    return dt.datetime.combine(day, dt.time(), dt.UTC)
+
+
+def hour_floor(moment: dt.datetime) -> dt.datetime:
+    """The start of the UTC hour ``moment`` is in."""
+    return moment.astimezone(dt.UTC).replace(minute=0, second=0, microsecond=0)
+
+
 def run_pass(
     conn: Connection,
     keeper: PartitionKeeper,
@@ -117,10 +139,11 @@ def run_pass(
     packed_retention_days: int,
     now: dt.datetime | None = None,
 ) -> PassReport:
-    """Compact every closed day that ended ``older_than`` ago or earlier, then drop the partitions
-    the tiers' rules let go. ``conn`` must be in autocommit (each day is its own transaction)."""
+    """Compact every hour that ended ``older_than`` ago or earlier, then drop the partitions the
+    tiers' rules let go. ``conn`` must be in autocommit (each day's span is its own transaction)."""
     now = now or dt.datetime.now(dt.UTC)
     today = now.astimezone(dt.UTC).date()
+    pack_end = hour_floor(now - older_than)
     with pass_lock(conn) as got:
         if not got:
             log.info("compaction: another pass is running; skipped")
@@ -128,8 +151,8 @@ def run_pass(
         _drop_refusing_triggers(conn)
         keeper.reload(conn)
         report = PassReport(ran=True)
-        for day in days_to_compact(conn, keeper, now - older_than):
-            report.days.append(compact_day(conn, keeper, day))
+        for day, until in spans_to_compact(conn, keeper, pack_end):
+            report.days.append(compact_day(conn, keeper, day, until))
         late_limit = today - dt.timedelta(days=LATE_DAYS)
         for table in RAW_TABLES:
             for day in keeper.days(table):
@@ -137,94 +160,119 @@ def run_pass(
                     report.dropped.append(partition_name(table, day))
         report.dropped += keeper.drop_older_than(conn, packed_retention_days, today, tables=PACKED_RETENTION_TABLES)
     for day_report in report.days:
-        log.info("compaction: %s: %d jobs, %d samples in %d blocks, %d minutes, %d host samples; "
-                 "%d raw bytes freed", day_report.day, day_report.jobs, day_report.samples,
-                 day_report.sample_blocks, day_report.minutes, day_report.host_samples, day_report.raw_bytes)
+        freed = (f"{day_report.raw_bytes} raw bytes freed" if day_report.whole
+                 else f"{day_report.raw_rows} raw rows deleted")
+        log.info("compaction: %s until %s: %d jobs, %d samples in %d blocks, %d minutes, %d host samples; %s",
+                 day_report.day, f"{day_report.until:%H:%M}", day_report.jobs, day_report.samples,
+                 day_report.sample_blocks, day_report.minutes, day_report.host_samples, freed)
     return report
 
 
-def days_to_compact(conn: Connection, keeper: PartitionKeeper, cutoff: dt.datetime) -> list[dt.date]:
-    """Days that ended at or before ``cutoff`` and still hold raw GPU or host rows."""
-    days = set()
-    for table in RAW_TABLES:
-        for day in keeper.days(table):
-            day_end = dt.datetime.combine(day + dt.timedelta(days=1), dt.time(), dt.UTC)
-            if day_end <= cutoff and day not in days and _has_rows(conn, partition_name(table, day)):
-                days.add(day)
-    return sorted(days)
+def spans_to_compact(
+    conn: Connection, keeper: PartitionKeeper, pack_end: dt.datetime
+) -> list[tuple[dt.date, dt.datetime]]:
+    """(day, until) for the days whose raw partitions hold rows before ``until``: the day's end,
+    or ``pack_end`` for the day it falls in."""
+    days = sorted({day for table in RAW_TABLES for day in keeper.days(table) if day_start(day) < pack_end})
+    spans = []
+    for day in days:
+        until = min(day_start(day) + dt.timedelta(days=1), pack_end)
+        if _span_jobs(conn, day, until):
+            spans.append((day, until))
+    return spans
 
 
-def _has_rows(conn: Connection, partition: str) -> bool:
-    # SELECT 1, never an empty select list: Citus refuses one over a distributed table.
-    return bool(_scalar(conn, sql.SQL("SELECT EXISTS (SELECT 1 FROM {})").format(sql.Identifier(partition))))
+def _span_jobs(conn: Connection, day: dt.date, until: dt.datetime) -> list[str]:
+    """The jobs with raw GPU or host rows of ``day`` before ``until``."""
+    span = {"day": day_start(day), "day_end": day_start(day) + dt.timedelta(days=1), "until": until}
+    with conn.cursor(row_factory=tuple_row) as cur:
+        day_jobs = _DAY_JOBS_DISTRIBUTED if _is_distributed(conn) else _DAY_JOBS
+        return [row[0] for row in cur.execute(day_jobs, span).fetchall()]
 
 
-def compact_day(conn: Connection, keeper: PartitionKeeper, day: dt.date) -> DayReport:
-    """Pack one day's raw GPU and host rows (merging them with what the day already has packed) and
-    empty its raw partitions. ``conn`` must be in autocommit."""
+def compact_day(conn: Connection, keeper: PartitionKeeper, day: dt.date, until: dt.datetime | None = None) -> DayReport:
+    """Pack one day's raw GPU and host rows before ``until`` (by default the day's end), merging
+    them with what their hours already have packed, and remove them from the raw tier: the whole
+    day's partitions emptied, or the span's rows deleted. ``conn`` must be in autocommit."""
+    start = day_start(day)
+    day_end = start + dt.timedelta(days=1)
+    report = DayReport(day, min(until or day_end, day_end))
     # Host rows are packed only where the day has a raw host partition (made ahead with the
-    # others, so almost always), and only for the jobs that have rows in it once the day refuses
+    # others, so almost always), and only for the jobs that have rows in it once the span refuses
     # new ones (below): a row that lands before that is packed or stays for the next pass.
     hosts = keeper.exists("host_samples", day)
     for table in PACKED_TABLES:
         if hosts or table != "host_sample_blocks":
             keeper.ensure(conn, table, [day])
-    raw = [sql.Identifier(partition_name(t, day)) for t in RAW_TABLES if keeper.exists(t, day)]
-    report = DayReport(day)
-    start = dt.datetime.combine(day, dt.time(), dt.UTC)
-    span = {"day": start, "day_end": start + dt.timedelta(days=1)}
+    raw = [t for t in RAW_TABLES if keeper.exists(t, day)]
+    span = {"day": start, "day_end": day_end, "until": report.until}
     try:
         with conn.transaction():
-            # Waits for the batches being written to the day to commit, then refuses the next.
+            # Waits for the batches being written to the day to commit, then refuses the span's next.
             conn.execute(f"SET LOCAL lock_timeout = '{LOCK_TIMEOUT}'")
             conn.execute(_CITUS_TRIGGERS)
-            for name in raw:
-                conn.execute(sql.SQL(_REFUSE_ROWS).format(sql.Identifier(REFUSING_TRIGGER), name))
+            for table in raw:
+                conn.execute(sql.SQL(_REFUSE_ROWS).format(
+                    sql.Identifier(REFUSING_TRIGGER), sql.Identifier(partition_name(table, day)),
+                    sql.Literal(report.until)))
         with conn.transaction():
             conn.execute(f"SET LOCAL lock_timeout = '{LOCK_TIMEOUT}'")
             conn.execute(f"SET LOCAL work_mem = '{WORK_MEM}'")
             conn.execute(_CITUS_TRIGGERS)
             conn.execute(_CITUS_ONE_CONNECTION)
-            report.raw_bytes = sum(
-                int(_scalar(conn, "SELECT pg_total_relation_size(%(name)s::regclass)",
-                            {"name": partition_name(t, day)}))
-                for t in RAW_TABLES if keeper.exists(t, day)
-            )
-            with conn.cursor(row_factory=tuple_row) as cur:
-                day_jobs = _DAY_JOBS_DISTRIBUTED if _is_distributed(conn) else _DAY_JOBS
-                jobs = [row[0] for row in cur.execute(day_jobs, span).fetchall()]
+            if report.whole:
+                report.raw_bytes = sum(
+                    int(_scalar(conn, "SELECT pg_total_relation_size(%(name)s::regclass)",
+                                {"name": partition_name(t, day)}))
+                    for t in raw
+                )
+            jobs = _span_jobs(conn, day, report.until)
             report.jobs = len(jobs)
             for job in jobs:
-                params = {**span, "job": job}
-                conn.execute(_ADD_DEVICES, params)
-                for hour in range(24):
-                    hour_params = {"job": job, "hour": start + dt.timedelta(hours=hour)}
-                    if not _scalar(conn, _HOUR_HAS_SAMPLES, hour_params):
-                        continue
-                    with conn.cursor(row_factory=tuple_row) as cur:
-                        blocks, samples = cur.execute(_PACK_SAMPLES, hour_params).fetchone() or (0, 0)
-                    report.sample_blocks += int(blocks)
-                    report.samples += int(samples)
-                report.minutes += int(_scalar(conn, _PACK_MINUTES, params) or 0)
-                if hosts and _scalar(conn, host_tier.JOB_DAY_HAS_SAMPLES, params):
-                    report.host_samples += int(_scalar(conn, host_tier.PACK_DAY, params) or 0)
-            conn.execute(sql.SQL("TRUNCATE {}").format(sql.SQL(", ").join(raw)))
-            for name in raw:
-                conn.execute(sql.SQL("DROP TRIGGER {} ON {}").format(sql.Identifier(REFUSING_TRIGGER), name))
-    except BaseException:
+                _pack_job(conn, report, {**span, "job": job}, raw, delete=not report.whole)
+            if report.whole:
+                conn.execute(sql.SQL("TRUNCATE {}").format(
+                    sql.SQL(", ").join(sql.Identifier(partition_name(t, day)) for t in raw)))
+    finally:
         # The refusal must not outlive the pass; if the connection is gone, the next pass lifts it.
         with suppress(psycopg.Error):
             _drop_refusing_triggers(conn)
-        raise
     return report
+
+
+def _pack_job(conn: Connection, report: DayReport, params: dict[str, Any], raw: list[str], *, delete: bool) -> None:
+    """Pack one job's hours of the span that have raw rows; ``delete``: then delete those rows."""
+    conn.execute(_ADD_DEVICES, params)
+    hours: dict[dt.datetime, set[str]] = {}
+    for table in raw:
+        with conn.cursor(row_factory=tuple_row) as cur:
+            for (hour,) in cur.execute(_JOB_HOURS[table], params).fetchall():
+                hours.setdefault(hour, set()).add(table)
+    for hour, tables in sorted(hours.items()):
+        hour_params = {"job": params["job"], "hour": hour}
+        if "gpu_samples" in tables:
+            with conn.cursor(row_factory=tuple_row) as cur:
+                blocks, samples = cur.execute(_PACK_SAMPLES, hour_params).fetchone() or (0, 0)
+            report.sample_blocks += int(blocks)
+            report.samples += int(samples)
+        if "gpu_minutes" in tables:
+            report.minutes += int(_scalar(conn, _PACK_MINUTES, hour_params) or 0)
+        if "host_samples" in tables:
+            report.host_samples += int(_scalar(conn, host_tier.PACK_HOUR, hour_params) or 0)
+        if delete:
+            for table in sorted(tables):
+                report.raw_rows += conn.execute(_DELETE_HOUR[table], hour_params).rowcount
 
 
 REFUSING_TRIGGER: Final = "jobsight_compacting"
 """The trigger that refuses rows for a day while it is packed (function in migration 0004)."""
 
 _REFUSE_ROWS: Final = (
-    "CREATE OR REPLACE TRIGGER {} BEFORE INSERT ON {} FOR EACH ROW EXECUTE FUNCTION jobsight_refuse_while_compacting()"
+    "CREATE OR REPLACE TRIGGER {} BEFORE INSERT ON {} FOR EACH ROW WHEN (NEW.ts < {}) "
+    "EXECUTE FUNCTION jobsight_refuse_while_compacting()"
 )
+"""The refusal of a span's rows (``ts`` before its end): the WHEN is evaluated without calling
+the function, so the rows of the hour being written cost next to nothing."""
 
 
 # On Citus the trigger goes onto the day's shards (its function is distributed by ``jobsight migrate
@@ -261,18 +309,38 @@ def _skip_scan(table: str) -> str:
 )"""
 
 
-# Jobs with raw rows on the day, found by skipping through the (job_id, ...) indexes of the raw
-# tables: one index probe per job, not a scan of the day.
+def _in_span(table: str) -> str:
+    return f"""EXISTS (SELECT 1 FROM {table} r WHERE r.job_id = j.job_id
+                       AND r.ts >= %(day)s AND r.ts < %(until)s)"""
+
+
+# Jobs with raw rows in the span, found by skipping through the (job_id, ...) indexes of the day's
+# raw partitions, then one probe each for a row in the span: two index probes per job, not a scan
+# of the day (whose partition holds the current hour's rows too).
 _DAY_JOBS: Final = f"""
 WITH RECURSIVE {", ".join(_skip_scan(t) for t in RAW_TABLES)}
-{" UNION ".join(f"SELECT job_id FROM {t}_jobs WHERE job_id IS NOT NULL" for t in RAW_TABLES)}
+{" UNION ".join(f"SELECT job_id FROM {t}_jobs j WHERE job_id IS NOT NULL AND {_in_span(t)}" for t in RAW_TABLES)}
 ORDER BY job_id
 """
-# On Citus (no recursive CTE across shards): each worker lists its shards' jobs of the day.
+# On Citus (no recursive CTE across shards): each worker lists its shards' jobs of the span.
 _DAY_JOBS_DISTRIBUTED: Final = f"""
-{" UNION ".join(f"SELECT DISTINCT job_id FROM {t} WHERE ts >= %(day)s AND ts < %(day_end)s" for t in RAW_TABLES)}
+{" UNION ".join(f"SELECT DISTINCT job_id FROM {t} WHERE ts >= %(day)s AND ts < %(until)s" for t in RAW_TABLES)}
 ORDER BY job_id
 """
+
+_UTC_HOUR: Final = f"date_bin('1 hour', ts, {HOUR_ORIGIN})"
+
+_JOB_HOURS: Final = {
+    table: f"SELECT DISTINCT {_UTC_HOUR} FROM {table} WHERE job_id = %(job)s AND ts >= %(day)s AND ts < %(until)s"
+    for table in RAW_TABLES
+}
+"""The hours of the span in which a job has raw rows of a table (an index range of the job's rows)."""
+
+_DELETE_HOUR: Final = {
+    table: f"DELETE FROM {table} WHERE job_id = %(job)s AND ts >= %(hour)s AND ts < %(hour)s + interval '1 hour'"
+    for table in RAW_TABLES
+}
+"""A job-hour's raw rows, once packed (the day still running: its partitions cannot be emptied)."""
 
 
 def _is_distributed(conn: Connection) -> bool:
@@ -294,14 +362,9 @@ _ADD_DEVICES: Final = f"""
 INSERT INTO gpu_devices ({", ".join(DEVICE_COLUMNS)})
 SELECT {", ".join(f"s.{c}" for c in DEVICE_COLUMNS)}
 FROM (SELECT DISTINCT {", ".join(DEVICE_COLUMNS)} FROM gpu_samples
-      WHERE job_id = %(job)s AND ts >= %(day)s AND ts < %(day_end)s
+      WHERE job_id = %(job)s AND ts >= %(day)s AND ts < %(until)s
       EXCEPT SELECT {", ".join(DEVICE_COLUMNS)} FROM gpu_devices) s
 ORDER BY {", ".join(f"s.{c}" for c in DEVICE_COLUMNS)}
-"""
-
-_HOUR_HAS_SAMPLES: Final = """
-SELECT EXISTS (SELECT 1 FROM gpu_samples
-               WHERE job_id = %(job)s AND ts >= %(hour)s AND ts < %(hour)s + interval '1 hour')
 """
 
 _MEASURES: Final = tuple(ENCODINGS)
@@ -370,7 +433,6 @@ def _merged(column: str) -> str:
     return f"{rule}({column}){'::int4' if column in _INT_SUMS else ''} AS {column}"
 
 
-_MINUTE_HOUR: Final = f"date_bin('1 hour', ts, {HOUR_ORIGIN})"
 
 
 def _minute_array(column: str) -> str:
@@ -378,14 +440,14 @@ def _minute_array(column: str) -> str:
         return f"CASE WHEN bool_and({column} = samples) THEN NULL ELSE array_agg({column} ORDER BY ts) END"
     return f"array_agg({column} ORDER BY ts)"
 
-# One job-day of minutes: the raw rollup rows and the packed ones (deleted here and packed
-# again), merged per GPU-minute, then one array per column and GPU-hour.
+# One job-hour of minutes: the raw rollup rows and the packed ones (deleted here and packed
+# again), merged per GPU-minute, then one array per column and GPU.
 _PACK_MINUTES: Final = f"""
 WITH old AS (
-    DELETE FROM gpu_minute_blocks WHERE job_id = %(job)s AND ts >= %(day)s AND ts < %(day_end)s RETURNING *
+    DELETE FROM gpu_minute_blocks WHERE job_id = %(job)s AND ts = %(hour)s RETURNING *
 ), src AS (
     SELECT cluster, ts, node, gpu_index, mig_uuid, {", ".join(MINUTE_VALUES)}
-    FROM gpu_minutes WHERE job_id = %(job)s AND ts >= %(day)s AND ts < %(day_end)s
+    FROM gpu_minutes WHERE job_id = %(job)s AND ts >= %(hour)s AND ts < %(hour)s + interval '1 hour'
     UNION ALL
     SELECT cluster, ts, node, gpu_index, mig_uuid, {", ".join(MINUTE_VALUES)} FROM {unpack_minutes(blocks="old")} o
 ), merged AS (
@@ -394,9 +456,9 @@ WITH old AS (
 ), new_blocks AS (
     INSERT INTO gpu_minute_blocks (cluster, job_id, ts, node, gpu_index, mig_uuid, minute_ts,
                                    {", ".join(MINUTE_VALUES)})
-    SELECT cluster, %(job)s, {_MINUTE_HOUR}, node, gpu_index, mig_uuid, array_agg(ts ORDER BY ts),
+    SELECT cluster, %(job)s, {_UTC_HOUR}, node, gpu_index, mig_uuid, array_agg(ts ORDER BY ts),
            {", ".join(_minute_array(c) for c in MINUTE_VALUES)}
-    FROM merged GROUP BY cluster, {_MINUTE_HOUR}, node, gpu_index, mig_uuid
+    FROM merged GROUP BY cluster, {_UTC_HOUR}, node, gpu_index, mig_uuid
     RETURNING cardinality(minute_ts) AS minutes
 )
 SELECT coalesce(sum(minutes), 0) FROM new_blocks

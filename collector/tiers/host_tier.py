@@ -1,9 +1,9 @@
-"""Host samples in their two tiers: the reader of both, and how the compaction pass packs a day.
+"""Host samples in their two tiers: the reader of both, and how the compaction pass packs an hour.
 
 The hot tier is ``host_samples``, a row per node and tick; the packed tier is
 ``host_sample_blocks``, a row per job, node and UTC hour with the sample times and each
-measurement an array, the values as they were stored. A day is in one tier or the other, but
-late samples for a packed day land in ``host_samples`` until the next pass merges them: both
+measurement an array, the values as they were stored. An hour is in one tier or the other, but
+late samples for a packed hour land in ``host_samples`` until the next pass merges them: both
 are always read. The SQL conventions are :mod:`jobsight.collector.tiers.reads`'.
 """
 
@@ -53,17 +53,12 @@ RANGE: Final = sample_range("host_samples", "host_sample_blocks")
 # arrays stay in step even for two samples of one node at one time.
 _ORDER: Final = ", ".join(["ts", *HOST_VALUES])
 
-JOB_DAY_HAS_SAMPLES: Final = """
-SELECT EXISTS (SELECT 1 FROM host_samples WHERE job_id = %(job)s AND ts >= %(day)s AND ts < %(day_end)s)
-"""
-"""Whether a job has raw host samples on a day: the blocks of a job-day without are left as they are."""
-
-PACK_DAY: Final = f"""
+PACK_HOUR: Final = f"""
 WITH old AS (
-    DELETE FROM host_sample_blocks WHERE job_id = %(job)s AND ts >= %(day)s AND ts < %(day_end)s RETURNING *
+    DELETE FROM host_sample_blocks WHERE job_id = %(job)s AND ts = %(hour)s RETURNING *
 ), src AS (
     SELECT cluster, ts, node, {", ".join(HOST_VALUES)}
-    FROM host_samples WHERE job_id = %(job)s AND ts >= %(day)s AND ts < %(day_end)s
+    FROM host_samples WHERE job_id = %(job)s AND ts >= %(hour)s AND ts < %(hour)s + {_HOUR}
     UNION ALL
     {_unpack("old", "")}
 ), packed AS (
@@ -81,5 +76,5 @@ WITH old AS (
 )
 SELECT coalesce(sum(samples), 0) FROM new_blocks
 """
-"""One job-day of host samples: the raw rows and the day's blocks (deleted here and packed again
-with them), one block per node and hour."""
+"""One job-hour of host samples: the raw rows and the hour's blocks (deleted here and packed again
+with them), one block per node."""

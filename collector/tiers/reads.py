@@ -1,9 +1,9 @@
 """GPU samples and GPU minutes read from both tiers as one relation.
 
 The hot tier is the row-per-sample tables (``gpu_samples``, ``gpu_minutes``); the packed tier
-is what the compaction pass made of closed days (``gpu_sample_blocks`` with its timelines and
-``gpu_devices``, ``gpu_minute_blocks``). A day is in one tier or the other, except that late
-samples for a packed day land in the hot tables until the next pass merges them: both are
+is what the compaction pass made of closed hours (``gpu_sample_blocks`` with its timelines and
+``gpu_devices``, ``gpu_minute_blocks``). An hour is in one tier or the other, except that late
+samples for a packed hour land in the hot tables until the next pass merges them: both are
 always read, and a query over the union gives the answer it gave before compaction.
 
 Each function returns a parenthesised ``SELECT`` to put in a ``FROM`` clause. ``job`` and

@@ -293,7 +293,7 @@ def rebuild_minutes(conn: Connection, cluster: str, job_id: str) -> None:
     written around the ingest path (bulk loads, jobs stored before the rollup existed). The
     minutes go to ``gpu_minutes``, whose partitions for the job's days must exist (the hours'
     are made here); the packed minutes of the job are removed, and the next compaction pass
-    packs the closed days again."""
+    packs the closed hours again."""
     params = {"cluster": cluster, "job": job_id, "idle": IDLE_UTIL}
     conn.execute("DELETE FROM gpu_minutes WHERE cluster = %(cluster)s AND job_id = %(job)s", params)
     conn.execute(_REBUILD, params)

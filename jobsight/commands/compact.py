@@ -1,9 +1,9 @@
-"""``jobsight compact``: pack closed days of GPU and host samples into the packed tier now.
+"""``jobsight compact``: pack closed hours of GPU and host samples into the packed tier now.
 
 The same pass the collector runs on its timer (:func:`jobsight.collector.tiers.compaction.run_pass`),
-against ``JOBSIGHT_DATABASE_URL``: ``--older-than 0s`` packs every day before today (UTC),
-``--older-than 3d`` the days that ended three days ago or earlier; without it, the days older
-than ``JOBSIGHT_HOT_DAYS``. If a collector is running a pass, this one waits for it.
+against ``JOBSIGHT_DATABASE_URL``: ``--older-than 0s`` packs every hour before the current one
+(UTC), ``--older-than 3d`` the hours that ended three days ago or earlier; without it, the hours
+that ended ``JOBSIGHT_HOT_MINUTES`` ago. If a collector is running a pass, this one waits for it.
 """
 
 from __future__ import annotations
@@ -32,8 +32,8 @@ def parse_duration(text: str) -> dt.timedelta:
 def configure_parser(name: str, parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--older-than", type=parse_duration, metavar="DURATION",
-        help="pack the days that ended at least DURATION ago (0s: every day before today; "
-             "default: JOBSIGHT_HOT_DAYS days)",
+        help="pack the hours that ended at least DURATION ago (0s: every hour before the current one; "
+             "default: JOBSIGHT_HOT_MINUTES minutes)",
     )
 
 
@@ -69,12 +69,14 @@ def run(name: str, args: argparse.Namespace) -> int:
         raise CliError(f"compaction failed: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}",
                        code=1) from exc
     for day in report.days:
-        print(f"{day.day}: {day.jobs} jobs, {day.samples:,} samples in {day.sample_blocks:,} blocks, "
-              f"{day.minutes:,} minutes, {day.host_samples:,} host samples packed; "
-              f"{day.raw_bytes / 2**20:,.1f} MiB of raw rows freed")
+        freed = (f"{day.raw_bytes / 2**20:,.1f} MiB of raw rows freed" if day.whole
+                 else f"{day.raw_rows:,} raw rows deleted")
+        span = "" if day.whole else f" until {day.until:%H:%M} UTC"
+        print(f"{day.day}{span}: {day.jobs} jobs, {day.samples:,} samples in {day.sample_blocks:,} blocks, "
+              f"{day.minutes:,} minutes, {day.host_samples:,} host samples packed; {freed}")
     if not report.days:
-        cutoff = dt.datetime.now(dt.UTC) - older_than
-        print(f"nothing to pack: no day that ended by {cutoff:%Y-%m-%d %H:%M} UTC holds raw GPU or host rows")
+        cutoff = compaction.hour_floor(dt.datetime.now(dt.UTC) - older_than)
+        print(f"nothing to pack: no hour that ended by {cutoff:%Y-%m-%d %H:%M} UTC holds raw GPU or host rows")
     for name in report.dropped:
         print(f"dropped {name}")
     return 0

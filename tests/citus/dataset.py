@@ -93,10 +93,16 @@ def hung_records(job: str, now: dt.datetime) -> list[dict[str, Any]]:
     return records
 
 
+def HOURS_JOB_START(today: dt.date) -> dt.datetime:  # noqa: N802 - read as a constant of the day
+    """``cit-hours`` begins 90 s before 15:00 yesterday: a minute and a half in each hour."""
+    return day_start(1, today) + dt.timedelta(hours=15, seconds=-90)
+
+
 def all_records(now: dt.datetime) -> dict[str, list[dict[str, Any]]]:
     """Job id → its records: ``cit-today`` (ended minutes before ``now``), ``cit-old`` (three days
-    ago, packed), ``cit-late`` (five days ago, replayed late) and ``cit-hung`` (running, rank 1
-    silent)."""
+    ago, packed), ``cit-late`` (five days ago, replayed late), ``cit-hours`` (yesterday across
+    15:00, its first hour packed while the day is taken as still running) and ``cit-hung``
+    (running, rank 1 silent)."""
     today = now.date()
     return {
         "cit-today": job_records("cit-today", now.replace(microsecond=0) - dt.timedelta(minutes=20)),
@@ -104,5 +110,6 @@ def all_records(now: dt.datetime) -> dict[str, list[dict[str, Any]]]:
                                account="vision", node="cn2"),
         "cit-late": job_records("cit-late", day_start(5, today) + dt.timedelta(hours=22), user="carol",
                                 partition="debug", node="cn3"),
+        "cit-hours": job_records("cit-hours", HOURS_JOB_START(today), user="erin", node="cn5"),
         "cit-hung": hung_records("cit-hung", now),
     }

@@ -42,7 +42,7 @@ from jobsight.collector.store.citus import LOCAL_TABLES, REFERENCE_TABLES
 from jobsight.collector.store.partitions import PartitionKeeper, partition_name
 from jobsight.collector.tiers import compaction
 from tests.citus.cluster import skip_or_fail_without_citus, start_citus_cluster, start_single_server
-from tests.citus.dataset import all_records, day_start
+from tests.citus.dataset import HOURS_JOB_START, all_records, day_start
 from tests.conftest import REPO, LiveCollector
 
 CLUSTER = "default"
@@ -294,6 +294,37 @@ def test_a_late_day_got_its_partition_on_both(sides: tuple[Side, Side]) -> None:
             name = partition_name("gpu_samples", late_day)
             count = conn.execute(f'SELECT count(*) FROM "{name}"').fetchone()
             assert count is not None and count[0] > 0, side.name
+
+
+def _hours_answers(side: Side) -> dict[str, Any]:
+    job = "cit-hours"
+    return {"gpu": side.get(f"/v1/jobs/{job}/gpu"), "summary": side.get(f"/v1/jobs/{job}/summary"),
+            "grid": side.read(dashboard_data.read_gpu_grid, CLUSTER, job, 200, 16)}
+
+
+def test_closed_hours_of_a_running_day_packed_alike(sides: tuple[Side, Side]) -> None:
+    """The hourly pass on a day not over: cit-hours' 14:00 hour is packed and its raw rows deleted
+    (distributed DELETEs through the refusing trigger's WHEN), its 15:00 rows stay raw; both
+    servers pack the same and answer as before."""
+    single, citus = sides
+    until = HOURS_JOB_START(single.now.date()) + dt.timedelta(seconds=90)
+    before = {side.name: _hours_answers(side) for side in sides}
+    reports = []
+    for side in sides:
+        with psycopg.connect(side.url, row_factory=dict_row, autocommit=True) as conn:
+            keeper = PartitionKeeper()
+            keeper.load(conn)
+            reports.append(compaction.compact_day(conn, keeper, until.date(), until))
+            raw = conn.execute("SELECT count(*) FILTER (WHERE ts < %(until)s) AS packed, count(*) AS kept "
+                               "FROM gpu_samples WHERE job_id = 'cit-hours'", {"until": until}).fetchone()
+            assert raw is not None and raw["packed"] == 0 and raw["kept"] > 0, (side.name, raw)
+            assert conn.execute("SELECT count(*) AS n FROM pg_trigger WHERE tgname = %s",
+                                (compaction.REFUSING_TRIGGER,)).fetchone() == {"n": 0}, side.name
+    shapes = [(r.until, r.whole, r.jobs, r.samples, r.host_samples, r.raw_rows) for r in reports]
+    assert shapes[0] == shapes[1] and not reports[0].whole and reports[0].samples > 0, shapes
+    for side in sides:
+        assert_same(before[side.name], _hours_answers(side), f"{side.name}: cit-hours before and after its hour")
+    assert_same(_hours_answers(single), _hours_answers(citus), "cit-hours, one hour packed")
 
 
 def test_compaction_then_retention_answer_alike(sides: tuple[Side, Side]) -> None:

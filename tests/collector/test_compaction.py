@@ -21,6 +21,7 @@ from typing import Any
 
 import psycopg
 import pytest
+from psycopg import sql
 from psycopg.rows import dict_row
 
 from jobsight.cli import main as cli_main
@@ -51,27 +52,28 @@ def _us(t: dt.datetime) -> int:
     return int((t - dt.datetime(1970, 1, 1, tzinfo=dt.UTC)) / dt.timedelta(microseconds=1))
 
 
-def _sample(job: str, tick: int, node: str, index: int, **values: Any) -> dict[str, Any]:
+def _sample(job: str, tick: int, node: str, index: int, start: dt.datetime = START, **values: Any) -> dict[str, Any]:
     jitter_us = (tick * 7919) % 1500  # a node daemon's tick: the same for every GPU of the node
-    return {"kind": "gpu_sample", "job": job, "ts": _us(START) + tick * STEP_S * S + jitter_us, "node": node,
+    return {"kind": "gpu_sample", "job": job, "ts": _us(start) + tick * STEP_S * S + jitter_us, "node": node,
             "gpu_index": index, "gpu_uuid": f"GPU-{node}-{index}", "gpu_name": "NVIDIA H100 80GB HBM3",
             "lost": False, **values}
 
 
-def job_records(job: str) -> list[dict[str, Any]]:
-    """Two hours around midnight on three nodes: n1 two GPUs as NVML gives them (whole percents
-    and degrees, mW and mJ), n2 two MIG devices sampled at other times, n3 a GPU without energy
-    counter whose values are not whole numbers (the float8 fallback) and a duplicated tick."""
+def job_records(job: str, start: dt.datetime = START, ticks: int = TICKS) -> list[dict[str, Any]]:
+    """Two hours (``ticks`` of 10 s) from ``start`` (around midnight) on three nodes: n1 two GPUs as
+    NVML gives them (whole percents and degrees, mW and mJ), n2 two MIG devices sampled at other
+    times, n3 a GPU without energy counter whose values are not whole numbers (the float8
+    fallback) and a duplicated tick."""
     records: list[dict[str, Any]] = [
-        {"kind": "job_started", "job": job, "ts": _us(START), "node": "n1", "user": "alice", "account": "ml",
+        {"kind": "job_started", "job": job, "ts": _us(start), "node": "n1", "user": "alice", "account": "ml",
          "partition": "gpu", "nodes": ["n1", "n2", "n3"], "gpus": ["0", "1"], "time_limit_s": 14400},
     ]
-    for tick in range(TICKS):
+    for tick in range(ticks):
         busy = tick % 180 >= 12
         for index in (0, 1):
             power_mw = (610_000 + (tick * 7727 + index * 3001) % 90_000) if busy else 95_000 + tick % 7
             records.append(_sample(
-                job, tick, "n1", index, util_gpu=float(100 - tick % 9 if busy else tick % 4),
+                job, tick, "n1", index, start, util_gpu=float(100 - tick % 9 if busy else tick % 4),
                 util_mem=float(30 + (tick * 13 + index) % 20), mem_used=(70 + index) * 2**30 + (tick // 60) * 2**21,
                 mem_total=80 * 2**30, power_w=power_mw / 1000.0,
                 energy_j=(10**9 + index * 10**7 + tick * 650_123 * STEP_S) / 1000.0,
@@ -82,47 +84,50 @@ def job_records(job: str) -> list[dict[str, Any]]:
             ))
         if tick % 3 == 0:  # n2's daemon ticks every 30 s, each MIG device its own row
             for mig in ("MIG-a", "MIG-b"):
-                records.append({**_sample(job, tick, "n2", 0, util_gpu=float(tick % 101), mem_used=tick * 4096,
+                records.append({**_sample(job, tick, "n2", 0, start, util_gpu=float(tick % 101), mem_used=tick * 4096,
                                           mem_total=40 * 2**30, power_w=None if tick % 7 == 0 else 250.5,
                                           temp_c=-5.0 if tick % 11 == 0 else 41.0), "mig_uuid": mig})
         # n3: values that no integer encoding keeps, an unsupported counter, a missing reading.
-        records.append(_sample(job, tick, "n3", 0, util_gpu=87.5 + (tick % 3) / 3,
+        records.append(_sample(job, tick, "n3", 0, start, util_gpu=87.5 + (tick % 3) / 3,
                                power_w=301.123456789 + tick % 5, temp_c=55.25, mem_used=None,
                                sm_active=1 / 3 if tick % 2 else None))
-        records.extend(_host_samples(job, tick))
-    records.append(_sample(job, 100, "n3", 0, util_gpu=12.0, power_w=280.0))  # a second sample at one time
-    records.append(_host(job, 100, "n3", cpu_util=5.0, cpu_time_s=1.0))  # and a second host sample
-    records.append({"kind": "job_ended", "job": job, "ts": _us(START + dt.timedelta(hours=2)), "node": "n1",
-                    "exit_code": 0})
+        records.extend(_host_samples(job, tick, start))
+    records.append(_sample(job, 100, "n3", 0, start, util_gpu=12.0, power_w=280.0))  # a second sample at one time
+    records.append(_host(job, 100, "n3", start, cpu_util=5.0, cpu_time_s=1.0))  # and a second host sample
+    records.append({"kind": "job_ended", "job": job, "ts": _us(start + dt.timedelta(seconds=ticks * STEP_S)),
+                    "node": "n1", "exit_code": 0})
     return records
 
 
-def _host(job: str, tick: int, node: str | None, **values: Any) -> dict[str, Any]:
-    record = {"kind": "host_sample", "job": job, "ts": _us(START) + tick * STEP_S * S + (tick * 7919) % 1500,
+def _host(job: str, tick: int, node: str | None, start: dt.datetime = START, **values: Any) -> dict[str, Any]:
+    record = {"kind": "host_sample", "job": job, "ts": _us(start) + tick * STEP_S * S + (tick * 7919) % 1500,
               **values}
     return record if node is None else {**record, "node": node}
 
 
-def _host_samples(job: str, tick: int) -> list[dict[str, Any]]:
+def _host_samples(job: str, tick: int, start: dt.datetime) -> list[dict[str, Any]]:
     """n1 and n3 every tick, n2 every third; a value missing now and then, and a sample without
     a node (an agent that could not name its host) every 50th tick."""
-    records = [_host(job, tick, node, cpu_util=None if tick % 13 == 0 else 640.5 + tick % 7 + index / 3,
+    records = [_host(job, tick, node, start, cpu_util=None if tick % 13 == 0 else 640.5 + tick % 7 + index / 3,
                      cpu_time_s=1e4 + tick * 6.4 + index, mem_used=(200 + index) * 2**30 + tick * 4096,
                      mem_limit=None if index and tick % 2 else 512 * 2**30)
                for index, node in enumerate(("n1", "n3"))]
     if tick % 3 == 0:
-        records.append(_host(job, tick, "n2", cpu_util=97.25, mem_used=2**33))
+        records.append(_host(job, tick, "n2", start, cpu_util=97.25, mem_used=2**33))
     if tick % 50 == 0:
-        records.append(_host(job, tick, None, cpu_util=1.5))
+        records.append(_host(job, tick, None, start, cpu_util=1.5))
     return records
 
 
-def late_part(records: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """(on time, late): n1 GPU 0's samples of 23:40-23:45 and 00:20-00:21 arrive after the pass."""
+def late_part(
+    records: list[dict[str, Any]], start: dt.datetime = START
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(on time, late): n1 GPU 0's samples of 23:40-23:45 and 00:20-00:21 (minutes 40-45 and
+    80-81 from ``start``) arrive after the pass."""
     def late(r: dict[str, Any]) -> bool:
         if r["kind"] not in ("gpu_sample", "host_sample") or r.get("node") != "n1" or r.get("gpu_index", 0) != 0:
             return False
-        offset_s = (r["ts"] - _us(START)) / S
+        offset_s = (r["ts"] - _us(start)) / S
         return 2400 <= offset_s < 2700 or 4800 <= offset_s < 4860
     return [r for r in records if not late(r)], [r for r in records if late(r)]
 
@@ -138,14 +143,16 @@ RECENT = 660
 samples are taken whole ticks at a time, as samples sharing a time come in no set order."""
 
 
-def snapshot(conn: psycopg.Connection[Any], client: Any, job: str) -> dict[str, Any]:
-    """Every answer a page, the report or the audit gets about the job. The audit's totals
-    are over every job of the period: compare them only at one moment."""
+def snapshot(conn: psycopg.Connection[Any], client: Any, job: str, start: dt.datetime = START,
+             midnight: dt.datetime = MIDNIGHT) -> dict[str, Any]:
+    """Every answer a page, the report or the audit gets about the job (which began at ``start``;
+    zooms are around ``midnight``, an hour boundary inside the job). The audit's totals are over
+    every job of the period: compare them only at one moment."""
     window = queries.series_range(conn, "gpu_samples", CLUSTER, job)
     host_window = queries.series_range(conn, "host_samples", CLUSTER, job)
     assert window is not None and host_window is not None
-    period = (START - dt.timedelta(days=1), START + dt.timedelta(days=1))
-    now = START + dt.timedelta(days=1)
+    period = (start - dt.timedelta(days=1), start + dt.timedelta(days=1))
+    now = start + dt.timedelta(days=1)
     row = client.get(f"/v1/jobs/{job}").json()
     answer = client.get(f"/v1/jobs/{job}/summary").json()
     return {
@@ -155,14 +162,14 @@ def snapshot(conn: psycopg.Connection[Any], client: Any, job: str) -> dict[str, 
                                                                {"job": job, "cluster": CLUSTER})),
         "host_zoom": Counter(tuple(r.values()) for r in conn.execute(
             f"SELECT * FROM {host_tier.samples(start='%(start)s', end='%(end)s')} h",
-            {"job": job, "cluster": CLUSTER, "start": MIDNIGHT - dt.timedelta(seconds=95),
-             "end": MIDNIGHT + dt.timedelta(seconds=65)})),
+            {"job": job, "cluster": CLUSTER, "start": midnight - dt.timedelta(seconds=95),
+             "end": midnight + dt.timedelta(seconds=65)})),
         **{f"series_{points}": queries.gpu_series(conn, CLUSTER, job, points=points)
            for points in (5000, 600, 40, 7)},  # 1.5 s to 17 min buckets: samples, then the rollup
-        "zoom": queries.gpu_series(conn, CLUSTER, job, start=MIDNIGHT - dt.timedelta(seconds=95),
-                                   end=MIDNIGHT + dt.timedelta(seconds=65), points=400),  # 0.4 s buckets
-        "zoom_rollup": queries.gpu_series(conn, CLUSTER, job, start=MIDNIGHT - dt.timedelta(minutes=47),
-                                          end=MIDNIGHT + dt.timedelta(minutes=31), points=20),
+        "zoom": queries.gpu_series(conn, CLUSTER, job, start=midnight - dt.timedelta(seconds=95),
+                                   end=midnight + dt.timedelta(seconds=65), points=400),  # 0.4 s buckets
+        "zoom_rollup": queries.gpu_series(conn, CLUSTER, job, start=midnight - dt.timedelta(minutes=47),
+                                          end=midnight + dt.timedelta(minutes=31), points=20),
         "api_gpu": client.get(f"/v1/jobs/{job}/gpu", params={"points": 300}).json()["series"],
         "summary": summaries.compute_summary(conn, CLUSTER, job),
         "stored_summary": answer["summary"],
@@ -280,6 +287,73 @@ def test_same_answers_before_and_after_and_late_samples_merge(tier_client: Any, 
         assert _pass(conn).days == []
 
 
+def test_closed_hours_of_a_running_day_packed_while_samples_keep_arriving(tier_client: Any, tier_url: str) -> None:
+    """A job running at ``now`` (14:40 yesterday for the pass: any hour of the wall clock gives the
+    same test): the pass packs its closed hours of the day, which is not over, while the current
+    hour's batches keep coming and are stored, and a late batch for a packed hour is answered 503
+    (sent again after); late samples land raw and are merged by the next pass; every answer (grid,
+    series, summary, report, audit) stays the one a job whose samples were never packed gets."""
+    now = dt.datetime.combine(NOW.date() - dt.timedelta(days=1), dt.time(14, 40), dt.UTC)
+    hour = compaction.hour_floor(now)
+    start = hour - dt.timedelta(hours=2)  # two closed hours, then the current one up to a minute ago
+    ticks = int((now - dt.timedelta(minutes=1) - start) / dt.timedelta(seconds=STEP_S))
+    packed, reference = f"lp-{uuid.uuid4().hex[:8]}", f"lr-{uuid.uuid4().hex[:8]}"
+    on_time, late = late_part(job_records(packed, start, ticks), start)
+    current = [r for r in on_time if r["ts"] >= _us(hour) and r["kind"] != "job_started"]
+    closed = [r for r in on_time if r["ts"] < _us(hour) or r["kind"] == "job_started"]
+    _post_all(tier_client, closed)
+    _post_all(tier_client, job_records(reference, start, ticks))
+    snap = {"start": start, "midnight": hour - dt.timedelta(hours=1)}
+    errors: list[BaseException] = []
+    reports: list[compaction.PassReport] = []
+
+    def one_pass() -> None:
+        try:
+            with psycopg.connect(tier_url, autocommit=True, row_factory=dict_row) as conn:
+                reports.append(_pass(conn, now=now))
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    with psycopg.connect(tier_url, autocommit=True, row_factory=dict_row) as conn, \
+            psycopg.connect(tier_url, autocommit=True) as holder:
+        expected = _without_job(snapshot(conn, tier_client, reference, **snap), reference)
+        # The pass is held inside its packing transaction (its first write waits for this lock), its
+        # refusal of the span in place: what ingest meets while a pass runs, for as long as we look.
+        holder.execute("BEGIN")
+        holder.execute("LOCK TABLE gpu_devices IN EXCLUSIVE MODE")
+        worker = threading.Thread(target=one_pass)
+        worker.start()
+        for _ in range(600):
+            if conn.execute("SELECT count(*) AS n FROM pg_trigger WHERE tgname = %s",
+                            (compaction.REFUSING_TRIGGER,)).fetchone()["n"]:
+                break
+            time.sleep(0.05)
+        for i in range(0, len(current), 200):  # the current hour's batches: stored
+            response = post(tier_client, gz(current[i:i + 200], source=f"cur-{i}"))
+            assert response.status_code == 200, response.text
+        refused = post(tier_client, gz(late[:10], source="late-early", seq=1))  # a packed hour's: later
+        assert refused.status_code == 503 and "Retry-After" in refused.headers, refused.text
+        holder.execute("COMMIT")
+        worker.join()
+        assert not errors and reports[0].ran
+        assert [(d.until, d.whole) for d in reports[0].days if d.day == hour.date()] == [(hour, False)]
+        assert_same(_without_job(snapshot(conn, tier_client, reference, **snap), reference), expected)
+
+        _post_all(tier_client, late)  # an outage's spool, replayed into hours already packed
+        assert_same(_without_job(snapshot(conn, tier_client, packed, **snap), packed), expected)
+        _pass(conn, now=now)  # merges them into their hours' blocks
+        assert_same(_without_job(snapshot(conn, tier_client, packed, **snap), packed), expected)
+        for job in (packed, reference):
+            raw = conn.execute("SELECT count(*) FILTER (WHERE ts < %(hour)s) AS closed, count(*) AS n "
+                               "FROM gpu_samples WHERE job_id = %(job)s", {"job": job, "hour": hour}).fetchone()
+            assert raw == {"closed": 0, "n": sum(1 for r in current if r["kind"] == "gpu_sample")}
+            hours = conn.execute("SELECT count(DISTINCT ts) AS n FROM gpu_sample_blocks WHERE job_id = %s",
+                                 (job,)).fetchone()
+            assert hours["n"] == 2
+        assert conn.execute("SELECT count(*) AS n FROM pg_trigger WHERE tgname = %s",
+                            (compaction.REFUSING_TRIGGER,)).fetchone()["n"] == 0
+
+
 def test_a_day_being_packed_refuses_late_rows_with_a_retry(tier_client: Any, tier_url: str) -> None:
     """While a pass packs a day, a batch for that day is answered 503 (its agent sends it again)
     and the other batches of the moment are stored; the pass lifts the refusal when it ends,
@@ -292,8 +366,11 @@ def test_a_day_being_packed_refuses_late_rows_with_a_retry(tier_client: Any, tie
     with psycopg.connect(tier_url, autocommit=True, row_factory=dict_row) as conn:
         for table in compaction.RAW_TABLES:
             keeper.ensure(conn, table, [day])
+        day_end = dt.datetime.combine(day + dt.timedelta(days=1), dt.time(), dt.UTC)
         for table in compaction.RAW_TABLES:  # what compact_day does first, left behind by a killed pass
-            conn.execute(compaction._REFUSE_ROWS.format(compaction.REFUSING_TRIGGER, partition_name(table, day)))
+            conn.execute(sql.SQL(compaction._REFUSE_ROWS).format(
+                sql.Identifier(compaction.REFUSING_TRIGGER), sql.Identifier(partition_name(table, day)),
+                sql.Literal(day_end)))
         refused = post(tier_client, gz(late, source="late-source", seq=1))
         assert refused.status_code == 503 and "Retry-After" in refused.headers
         assert post(tier_client, gz(today)).status_code == 200
@@ -336,16 +413,30 @@ def _raw_samples(conn: psycopg.Connection[Any], job: str, day: dt.date, hours: i
     rebuild_minutes(conn, CLUSTER, job)
 
 
-def test_hot_days_stay_row_per_sample(tier_url: str) -> None:
+def test_hot_minutes_stay_row_per_sample(tier_url: str) -> None:
+    """An hour is packed once it has been over ``older_than``: the next hour stays raw, then goes
+    too, its rows deleted from the day's partition (the day is not over); every sample is read
+    once at each step."""
     job = f"h-{uuid.uuid4().hex[:8]}"
     day = (NOW - dt.timedelta(days=5)).date()
-    day_end = dt.datetime.combine(day + dt.timedelta(days=1), dt.time(), dt.UTC)
+    eight = dt.datetime.combine(day, dt.time(8), dt.UTC)  # the job's samples are 06:00-08:00
+    hot = dt.timedelta(minutes=15)
     with psycopg.connect(tier_url, autocommit=True, row_factory=dict_row) as conn:
         _raw_samples(conn, job, day)
-        hot = _pass(conn, older_than=dt.timedelta(days=1), now=day_end + dt.timedelta(hours=23))
-        assert day not in [d.day for d in hot.days] and _rows(conn, "gpu_samples", day) == 1440
-        packed = _pass(conn, older_than=dt.timedelta(days=1), now=day_end + dt.timedelta(hours=24))
-        assert day in [d.day for d in packed.days] and _rows(conn, "gpu_samples", day) == 0
+        one_packed = _pass(conn, older_than=hot, now=eight + dt.timedelta(minutes=14))
+        spans = [d for d in one_packed.days if d.day == day]
+        assert [(d.until, d.whole, d.samples, d.raw_rows) for d in spans] == [
+            (eight - dt.timedelta(hours=1), False, 720, 720 + 360 + 2 * 60)]  # samples, host samples, minutes
+        assert _rows(conn, "gpu_samples", day) == 720 and _rows(conn, "host_samples", day) == 360
+        assert sum(r["samples"] for r in queries.gpu_series(conn, CLUSTER, job, points=5000)) == 1440
+        both = _pass(conn, older_than=hot, now=eight + dt.timedelta(minutes=15))
+        assert [(d.until, d.whole) for d in both.days if d.day == day] == [(eight, False)]
+        assert _rows(conn, "gpu_samples", day) == 0 and _rows(conn, "gpu_minutes", day) == 0
+        assert sum(r["samples"] for r in queries.gpu_series(conn, CLUSTER, job, points=5000)) == 1440
+        blocks = conn.execute("SELECT count(*) AS n FROM gpu_sample_blocks WHERE job_id = %s", (job,)).fetchone()
+        assert blocks["n"] == 4  # two GPUs, two hours: the second pass added its hour's, left the first's
+        day_over = _pass(conn, older_than=hot, now=eight + dt.timedelta(hours=17))
+        assert day not in [d.day for d in day_over.days]  # nothing raw is left to pack
 
 
 def test_each_tier_keeps_its_partitions_by_its_own_rules(tier_url: str) -> None:
