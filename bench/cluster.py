@@ -25,6 +25,12 @@ and bytes per GPU sample on disk (gpu_samples partitions + gpu_minutes, indexes 
 included). At the end it counts in the database what each simulated node and trainer sent
 against what was stored, and duplicate GPU samples by (job, node, gpu_index, ts).
 
+With ``--pack``, the previous UTC hour is first filled with ``--pack-minutes`` of what every node
+would have sent in it (bench/cluster_seed.py), and the top step runs the hourly compaction pass
+on it while the nodes stream the current hour; the step is measured until the pass ends, and the
+pass's work and time are printed under it. (Its deleted rows stay in gpu_samples as dead space
+until autovacuum: the step's bytes per sample include them.)
+
 Figures depend on the machine (and on what else runs on it): compare steps of one run.
 """
 
@@ -51,6 +57,7 @@ sys.path.insert(0, str(REPO))
 from bench import cluster_probe as probe  # noqa: E402
 from bench.cluster_load import LoadConfig, NodeSpec, TrainerSpec  # noqa: E402
 from bench.cluster_pool import LoadPool  # noqa: E402
+from bench.cluster_seed import PackingPass, Seed, seed_previous_hour  # noqa: E402
 from bench.cluster_steps import HEADER, Reading, Step, measure, ms, row, unanswered  # noqa: E402
 from bench.stack import Stack, running_stack  # noqa: E402
 from jobsight.agent.settings import AgentSettings  # noqa: E402
@@ -148,6 +155,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--citus", action="store_true",
                         help="run the ladder twice, on Debian's PostgreSQL 15 alone and on a 3-node Citus cluster of "
                              "it (a coordinator and two workers on this machine), and print both")
+    parser.add_argument("--pack", action="store_true",
+                        help="run the hourly compaction pass during the top step, on a previous hour seeded first")
+    parser.add_argument("--pack-minutes", type=int, default=60,
+                        help="minutes of the previous hour --pack fills for every node (default 60: a whole hour)")
     parser.add_argument("--quick", action="store_true",
                         help="a one-minute smoke run: 25 then 50 nodes, 15 s each, 2 trainers, 2 load processes")
     args = parser.parse_args(argv)
@@ -215,9 +226,14 @@ def run_on(args: argparse.Namespace, database: str) -> tuple[int, Outcome]:
         cluster = plan(stack, args.steps[-1], args.nodes_per_job, args.trainers)
         register_jobs(stack, cluster.jobs)
         print(f"stack up and {len(cluster.jobs)} jobs registered in {time.monotonic() - started:.0f} s", flush=True)
+        seed = None
+        if args.pack:
+            seed = seed_previous_hour(stack.database_url, cluster.jobs, args.pack_minutes)
+            print(f"previous hour seeded for the pass: {seed.gpu_samples:,} GPU samples, {seed.host_samples:,} host "
+                  f"samples, their minutes, until {seed.until:%H:%M} UTC, in {seed.seconds:.0f} s", flush=True)
         pool = LoadPool(args.procs, LoadConfig(stack.url, args.batch_age_s, args.train_hz))
         try:
-            code, outcome = ramp(stack, pool, cluster, args)
+            code, outcome = ramp(stack, pool, cluster, args, seed)
             outcome.database = database
             return code, outcome
         finally:
@@ -241,7 +257,8 @@ def summarise_log(log: Path) -> None:
     print(f"collector log: {tracebacks} tracebacks ({common}); kept in {kept}")
 
 
-def ramp(stack: Stack, pool: LoadPool, cluster: Cluster, args: argparse.Namespace) -> tuple[int, Outcome]:
+def ramp(stack: Stack, pool: LoadPool, cluster: Cluster, args: argparse.Namespace,
+         seed: Seed | None = None) -> tuple[int, Outcome]:
     assert stack.process is not None
     roots = {"collector": [stack.process.pid], "postgres": stack.postgres_pids(), "load": pool.pids()}
     every_root = [pid for pids in roots.values() for pid in pids]
@@ -250,13 +267,19 @@ def ramp(stack: Stack, pool: LoadPool, cluster: Cluster, args: argparse.Namespac
     steps: list[Step] = []
     held = 0
     added = 0
+    packing = None
     for target in args.steps:
         pool.add(cluster.nodes[added:target], [])
         added = target
         time.sleep(args.settle_s)  # the newcomers' first batches, connections, spools
         try:
             before = read_now(stack, pool, every_root)
+            if seed is not None and target == args.steps[-1]:
+                packing = PackingPass(stack.database_url, seed.until)
+                packing.start()
             time.sleep(args.step_s)
+            while packing is not None and packing.running():  # the step lasts as long as the pass
+                time.sleep(1.0)
             after = read_now(stack, pool, every_root)
         except OSError as exc:  # /metrics unanswered: the collector is drowning
             step = unanswered(target, f"COLLECTOR UNRESPONSIVE (/metrics: {exc})")
@@ -265,15 +288,20 @@ def ramp(stack: Stack, pool: LoadPool, cluster: Cluster, args: argparse.Namespac
                            after.metrics.records.get("gpu_sample", 0.0))
         steps.append(step)
         print(row(step), flush=True)
+        if packing is not None and target == args.steps[-1]:
+            print(f"  {packing.describe()}", flush=True)
         if step.verdict != "ok":
             break
         held = target
     final = pool.stop(flush_timeout_s=60.0)
-    return report(stack, steps, held, final)
+    failed_pass = packing is not None and (packing.error is not None or packing.report is None)
+    code, outcome = report(stack, steps, held, final, seed)
+    return (1 if failed_pass else code), outcome
 
 
-def report(stack: Stack, steps: list[Step], held: int, final: dict[str, Any]) -> tuple[int, Outcome]:
-    stored = probe.stored(stack.database_url)
+def report(stack: Stack, steps: list[Step], held: int, final: dict[str, Any],
+           seed: Seed | None = None) -> tuple[int, Outcome]:
+    stored = probe.stored(stack.database_url, since=seed.until if seed else None)
     expected = {"gpu_samples": final["gpu_records"], "host_samples": final["host_records"],
                 "steps": final["steps"], "log lines": final["logs"]}
     found = {"gpu_samples": stored.gpu_samples, "host_samples": stored.host_samples,

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import math
 import os
 import urllib.request
@@ -154,16 +155,19 @@ class Stored:
     minute_bytes: int
 
 
-def stored(database_url: str) -> Stored:
+def stored(database_url: str, since: dt.datetime | None = None) -> Stored:
+    """What the database holds of the run's records; ``since``: only samples from then (the ones
+    before are the previous hour ``--pack`` seeded)."""
+    after = "" if since is None else f"WHERE ts >= '{since.isoformat()}'"
     with psycopg.connect(database_url) as conn:
         return Stored(
-            gpu_samples=count(conn, "SELECT count(*) FROM gpu_samples"),
+            gpu_samples=count(conn, f"SELECT count(*) FROM gpu_samples {after}"),
             gpu_sample_duplicates=count(
                 conn,
-                """SELECT sum(n - 1) FROM (SELECT count(*) AS n FROM gpu_samples
+                f"""SELECT sum(n - 1) FROM (SELECT count(*) AS n FROM gpu_samples {after}
                    GROUP BY job_id, node, gpu_index, ts HAVING count(*) > 1) AS twice""",
             ),
-            host_samples=count(conn, "SELECT count(*) FROM host_samples"),
+            host_samples=count(conn, f"SELECT count(*) FROM host_samples {after}"),
             steps=count(conn, "SELECT count(*) FROM steps"),
             logs=count(conn, "SELECT count(*) FROM log_events WHERE logger LIKE 'sim.%'"),
             gpu_bytes=relation_bytes(conn, "gpu_samples"),
