@@ -131,13 +131,19 @@ class SimNode:
                 "pcie_tx_kbs": rng.randrange(1000, 40000), "pcie_rx_kbs": rng.randrange(1000, 90000),
                 "throttle_reasons": 0, "ecc_errors": 0, "process_count": 1,
                 "sm_active": util * 0.9, "tensor_active": util * 0.6, "lost": False,
+                # A healthy GPU's fault counters and flags, read every tick as the daemon does.
+                "nvlink_crc_errors": 0, "nvlink_replay_errors": 0, "nvlink_recovery_errors": 0, "pcie_replays": 0,
+                "remapped_rows_pending": False, "remap_failure": False, "retired_pages_pending": False,
             }
             self.shipper.enqueue(record)
         self.gpu_records += GPUS
         self._cpu_time += 12.0
         self.shipper.enqueue({"kind": "host_sample", "job": self.spec.job, "ts": ts, "node": self.spec.name,
                               "cpu_util": rng.uniform(600.0, 1200.0), "cpu_time_s": self._cpu_time,
-                              "mem_used": 300 * 2**30, "mem_limit": 1024 * 2**30})
+                              "mem_used": 300 * 2**30, "mem_limit": 1024 * 2**30,
+                              # The job's share of the node's power beside its GPUs (RAPL, cores split).
+                              "energy_j": rng.uniform(150.0, 250.0), "power_source": "rapl",
+                              "energy_split": "cores"})
         self.host_records += 1
 
 

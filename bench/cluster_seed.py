@@ -34,7 +34,7 @@ SELECT %(cluster)s, p.job, %(start)s + make_interval(secs => t) + (t * 7919 %% 1
        p.node, g, 'GPU-' || md5(p.node || g)::uuid::text, 'NVIDIA H100 80GB HBM3',
        95 + (t + g) %% 6, 40 + (t * 7 + g) %% 9, 70000000000 + g * 2097152, 85520809984,
        (620000 + (t * 7727 + g * 3001) %% 60000) / 1000.0, (1e9 + t * 650123.0) / 1000.0, 60 + g %% 3,
-       1980, 2619, 20000 + (t * 104729) %% 30000, 100000 + (t * 15485863) %% 400000, 0, 0, 1, false
+       1980, 2619, 20000 + (t * 104729) %% 30000, 100000 + (t::int8 * 15485863) %% 400000, 0, 0, 1, false
 FROM unnest(%(jobs)s::text[], %(nodes)s::text[]) AS p(job, node), generate_series(0, %(ticks)s - 1) t,
      generate_series(0, 7) g
 """
@@ -42,7 +42,7 @@ FROM unnest(%(jobs)s::text[], %(nodes)s::text[]) AS p(job, node), generate_serie
 _HOST_SEED = """
 INSERT INTO host_samples (cluster, job_id, ts, node, cpu_util, cpu_time_s, mem_used, mem_limit)
 SELECT %(cluster)s, p.job, %(start)s + make_interval(secs => t) + (t * 7919 %% 1500) * interval '1 microsecond',
-       p.node, 700 + t %% 50, t * 7.0, 322122547200 + (t / 600) * 1073741824, 1099511627776
+       p.node, 700 + t %% 50, t * 7.0, 322122547200 + (t / 600)::int8 * 1073741824, 1099511627776
 FROM unnest(%(jobs)s::text[], %(nodes)s::text[]) AS p(job, node), generate_series(0, %(ticks)s - 1) t
 """
 
