@@ -73,6 +73,7 @@ from psycopg.rows import dict_row
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.storage_entropy import entropy_floor  # noqa: E402
 from bench.storage_model import SITE_SAMPLES_PER_DAY, Measured, Settings, report  # noqa: E402
 from jobsight.collector.store import migrate  # noqa: E402
 from jobsight.collector.store.embedded_db import EmbeddedPostgres  # noqa: E402
@@ -210,6 +211,10 @@ class WalMeter:
         row = self._one(WAL_SINCE, {"mark": self.mark})
         self.phases[name], self.images[name], self.mark = int(row["written"]), int(row["images"]), str(row["lsn"])
 
+    def skip(self) -> None:
+        """Leave out what was written since the last phase."""
+        self.mark = str(self._one("SELECT pg_current_wal_lsn()::text AS lsn")["lsn"])
+
     @property
     def total(self) -> int:
         return sum(self.phases.values())
@@ -234,6 +239,9 @@ class Run:
     packed_host: int = 0
     columns: str = ""
     checkpointed: bool = False
+    entropy: float = 0.0
+    """What the values carry, B/GPU sample (bench/storage_entropy.py)."""
+    entropy_columns: dict[str, float] = field(default_factory=dict)
 
 
 def build(conn: psycopg.Connection[Any], gpus: int, hours: float, gpm: bool, wal: WalMeter) -> int:
@@ -289,6 +297,8 @@ def measure_raw(conn: psycopg.Connection[Any], run: Run) -> None:
     run.hosts = count(conn, "host_samples")
     host = sizes(conn, ("host_samples",))
     run.raw_host, run.raw_host_heap = sum(host.values()), host["heap"]
+    run.entropy, run.entropy_columns = entropy_floor(conn)
+    run.wal.skip()  # the estimate's temporary tables are nobody's WAL
 
 
 def measure_packed(conn: psycopg.Connection[Any], run: Run) -> None:
@@ -332,6 +342,9 @@ def print_tiers(run: Run) -> None:
           f"{raw_b * SITE_SAMPLES_PER_DAY / 1e9:,.0f} GB a day raw, {packed_b * SITE_SAMPLES_PER_DAY / 1e9:,.1f} GB "
           f"packed ({packed_b * SITE_SAMPLES_PER_DAY * 180 / 1e12:,.2f} TB for 180 days)")
     print(f"packed columns, B/sample before TOAST chunking: {run.columns}")
+    carried = "  ".join(f"{name} {size:.2f}" for name, size in run.entropy_columns.items() if size >= 0.005)
+    print(f"what the values carry (order-0 entropy of each column or its differences, at the precision kept): "
+          f"{run.entropy:.2f} B/sample: {carried}")
     print(f"host samples ({run.hosts:,}, one per node and tick): raw {run.raw_host / run.hosts:.1f} B/sample, "
           f"packed {run.packed_host / run.hosts:.1f} B/sample, all in; their raw inserts wrote "
           f"{run.wal.phases['host raw inserts'] / run.hosts:.0f} B/host sample of WAL")
