@@ -22,7 +22,7 @@ to ``until`` (the day's end, or the end of its last packable hour for the day st
    still running has the span's rows deleted (its job-hours, through the job's index), and
    autovacuum makes their space the next hours' rows. Readers see the raw rows up to the commit
    and the packed ones from it; both tiers are always read (:mod:`jobsight.collector.tiers.reads`).
-   The refusal is lifted after the commit.
+   The refusal is lifted after the commit (or by the next pass, if a long read keeps the lock).
 
 Then whole partitions go: the (empty) raw partitions of days no record can reach any more (the
 wire refuses records more than 7 days old), and the packed partitions past their retention, with
@@ -283,19 +283,30 @@ _CITUS_TRIGGERS: Final = "SET LOCAL citus.enable_unsafe_triggers = on"
 _CITUS_ONE_CONNECTION: Final = "SET LOCAL citus.multi_shard_modify_mode = 'sequential'"
 
 
+DROP_LOCK_TIMEOUT: Final = "2s"
+"""How long lifting a refusal waits for its lock. DROP TRIGGER takes the table's strongest lock,
+and every insert into the running day queues behind it while it waits for a long read to end; a
+refusal not lifted now only turns away late rows of hours already packed (503, sent again) until
+the next pass lifts it."""
+
+
 def _drop_refusing_triggers(conn: Connection) -> None:
-    """Drop the refusing triggers a failed or killed pass left: a day's late rows must not be
-    refused longer than its pass runs."""
+    """Drop the refusing triggers this pass, or a failed or killed one, left: late rows must not be
+    refused longer than a pass runs. A partition that stays busy keeps its refusal until the next pass."""
     with conn.cursor(row_factory=tuple_row) as cur:
         tables = [row[0] for row in cur.execute(
             "SELECT c.relname FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid WHERE t.tgname = %(name)s",
             {"name": REFUSING_TRIGGER},
         ).fetchall()]
     for table in tables:
-        with conn.transaction():
-            conn.execute(_CITUS_TRIGGERS)
-            conn.execute(sql.SQL("DROP TRIGGER IF EXISTS {} ON {}").format(
-                sql.Identifier(REFUSING_TRIGGER), sql.Identifier(table)))
+        try:
+            with conn.transaction():
+                conn.execute(f"SET LOCAL lock_timeout = '{DROP_LOCK_TIMEOUT}'")
+                conn.execute(_CITUS_TRIGGERS)
+                conn.execute(sql.SQL("DROP TRIGGER IF EXISTS {} ON {}").format(
+                    sql.Identifier(REFUSING_TRIGGER), sql.Identifier(table)))
+        except psycopg.errors.LockNotAvailable:
+            log.info("compaction: %s is busy; its refusal of packed hours' rows is lifted by the next pass", table)
 
 
 def _skip_scan(table: str) -> str:

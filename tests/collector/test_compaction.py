@@ -380,6 +380,30 @@ def test_a_day_being_packed_refuses_late_rows_with_a_retry(tier_client: Any, tie
         assert _rows(conn, "gpu_samples", day) == 1
 
 
+def test_a_refusal_that_cannot_be_lifted_now_waits_for_the_next_pass(tier_url: str) -> None:
+    """Lifting a refusal takes the partition's strongest lock, which would queue the running day's
+    inserts behind a long read: the pass waits a moment, leaves it (it refuses only rows of packed
+    hours) and the next pass lifts it."""
+    job = f"b-{uuid.uuid4().hex[:8]}"
+    day = (NOW - dt.timedelta(days=7)).date()
+    eight = dt.datetime.combine(day, dt.time(8), dt.UTC)
+    with psycopg.connect(tier_url, autocommit=True, row_factory=dict_row) as conn, \
+            psycopg.connect(tier_url, autocommit=True) as reader:
+        _raw_samples(conn, job, day)
+        reader.execute("BEGIN")
+        reader.execute(f"SELECT count(*) FROM {partition_name('host_samples', day)}")  # a long read, still open
+        report = _pass(conn, now=eight - dt.timedelta(minutes=30))  # packs 06:00, the day still running
+        assert [(d.day, d.until, d.whole) for d in report.days] == [(day, eight - dt.timedelta(hours=1), False)]
+        left = conn.execute("SELECT c.relname FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid "
+                            "WHERE t.tgname = %s", (compaction.REFUSING_TRIGGER,)).fetchall()
+        assert [r["relname"] for r in left] == [partition_name("host_samples", day)]
+        reader.execute("COMMIT")
+        _pass(conn, now=eight - dt.timedelta(minutes=30))
+        assert conn.execute("SELECT count(*) AS n FROM pg_trigger WHERE tgname = %s",
+                            (compaction.REFUSING_TRIGGER,)).fetchone()["n"] == 0
+        assert sum(r["samples"] for r in queries.gpu_series(conn, CLUSTER, job, points=5000)) == 1440
+
+
 def test_one_pass_at_a_time(tier_url: str) -> None:
     with psycopg.connect(tier_url, autocommit=True) as holder, \
             psycopg.connect(tier_url, autocommit=True, row_factory=dict_row) as conn:
