@@ -138,8 +138,8 @@ def relation_bytes(conn: psycopg.Connection[Any], table: str) -> int:
     return int(row[0]) if row else 0
 
 
-def count(conn: psycopg.Connection[Any], sql: str) -> int:
-    row = conn.execute(sql).fetchone()
+def count(conn: psycopg.Connection[Any], sql: str, params: dict[str, Any] | None = None) -> int:
+    row = conn.execute(sql, params).fetchone()
     return int(row[0]) if row and row[0] is not None else 0
 
 
@@ -158,16 +158,18 @@ class Stored:
 def stored(database_url: str, since: dt.datetime | None = None) -> Stored:
     """What the database holds of the run's records; ``since``: only samples from then (the ones
     before are the previous hour ``--pack`` seeded)."""
-    after = "" if since is None else f"WHERE ts >= '{since.isoformat()}'"
+    after = "WHERE ts >= %(since)s"
+    since_ = {"since": since or dt.datetime.min.replace(tzinfo=dt.UTC)}
     with psycopg.connect(database_url) as conn:
         return Stored(
-            gpu_samples=count(conn, f"SELECT count(*) FROM gpu_samples {after}"),
+            gpu_samples=count(conn, f"SELECT count(*) FROM gpu_samples {after}", since_),
             gpu_sample_duplicates=count(
                 conn,
                 f"""SELECT sum(n - 1) FROM (SELECT count(*) AS n FROM gpu_samples {after}
                    GROUP BY job_id, node, gpu_index, ts HAVING count(*) > 1) AS twice""",
+                since_,
             ),
-            host_samples=count(conn, f"SELECT count(*) FROM host_samples {after}"),
+            host_samples=count(conn, f"SELECT count(*) FROM host_samples {after}", since_),
             steps=count(conn, "SELECT count(*) FROM steps"),
             logs=count(conn, "SELECT count(*) FROM log_events WHERE logger LIKE 'sim.%'"),
             gpu_bytes=relation_bytes(conn, "gpu_samples"),

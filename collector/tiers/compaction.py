@@ -174,6 +174,8 @@ def spans_to_compact(
     """(day, until) for the days whose raw partitions hold rows before ``until``: the day's end,
     or ``pack_end`` for the day it falls in."""
     days = sorted({day for table in RAW_TABLES for day in keeper.days(table) if day_start(day) < pack_end})
+    # A look first, so that a day with nothing to pack gets no refusal (no lock on the running day's
+    # partitions); compact_day lists the jobs again once the span refuses new rows.
     spans = []
     for day in days:
         until = min(day_start(day) + dt.timedelta(days=1), pack_end)
@@ -442,8 +444,6 @@ _INT_SUMS: Final = {c for c in MINUTE_VALUES if c.endswith("_n") or c == "sample
 def _merged(column: str) -> str:
     rule = MINUTE_MERGE[column]
     return f"{rule}({column}){'::int4' if column in _INT_SUMS else ''} AS {column}"
-
-
 
 
 def _minute_array(column: str) -> str:
