@@ -8,7 +8,7 @@ import os
 from alembic import context
 from sqlalchemy import create_engine, pool
 
-from jobsight.collector.store.schema import include_name, metadata
+from jobsight.collector.store.schema import compare_type, include_name, metadata
 
 
 def _url() -> str:
@@ -21,13 +21,13 @@ def _url() -> str:
 def run_migrations_online() -> None:
     connection = context.config.attributes.get("connection")
     if connection is not None:
-        context.configure(connection=connection, target_metadata=metadata, include_name=include_name)
+        context.configure(connection=connection, target_metadata=metadata, include_name=include_name, compare_type=compare_type)
         with context.begin_transaction():
             context.run_migrations()
         return
     engine = create_engine(_url(), poolclass=pool.NullPool)
     with engine.connect() as conn:
-        context.configure(connection=conn, target_metadata=metadata, include_name=include_name)
+        context.configure(connection=conn, target_metadata=metadata, include_name=include_name, compare_type=compare_type)
         with context.begin_transaction():
             context.run_migrations()
 

@@ -13,7 +13,7 @@ from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import create_engine, pool
 
-from jobsight.collector.store.schema import include_name, metadata
+from jobsight.collector.store.schema import compare_type, include_name, metadata
 
 MIGRATIONS_DIR = Path(__file__).resolve().parents[2] / "migrations"
 
@@ -67,7 +67,8 @@ def autogenerate_diff(database_url: str) -> list[Any]:
     engine = create_engine(sqlalchemy_url(database_url), poolclass=pool.NullPool)
     try:
         with engine.connect() as conn:
-            context = MigrationContext.configure(conn, opts={"include_name": include_name})
+            opts = {"include_name": include_name, "compare_type": compare_type}
+            context = MigrationContext.configure(conn, opts=opts)
             return list(compare_metadata(context, metadata))
     finally:
         engine.dispose()

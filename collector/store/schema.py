@@ -30,6 +30,7 @@ from sqlalchemy import (
     text,
 )
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB
+from sqlalchemy.types import UserDefinedType
 
 metadata = MetaData(
     naming_convention={
@@ -42,6 +43,15 @@ metadata = MetaData(
 
 TS = DateTime(timezone=True)
 PARTITION_BY = "RANGE (ts)"
+
+
+class Byte(UserDefinedType[int]):
+    """PostgreSQL's one-byte ``"char"`` (-128..127): the element of a packed block's byte planes."""
+
+    cache_ok = True
+
+    def get_col_spec(self, **kw: Any) -> str:
+        return '"char"'
 
 
 SERIES_KEY = ("cluster", "job_id", "ts", "node")
@@ -540,11 +550,29 @@ gpu_sample_timelines = Table(
     postgresql_partition_by=PARTITION_BY,
 )
 
+PLANES: dict[str, int] = {
+    "util_gpu": 4, "util_mem": 4, "mem_used": 8, "mem_total": 8, "power_w": 4, "energy_j": 8, "temp_c": 4,
+    "sm_clock_mhz": 4, "mem_clock_mhz": 4, "pcie_tx_kbs": 4, "pcie_rx_kbs": 4, "throttle_reasons": 8,
+    "ecc_errors": 8, "process_count": 4, "sm_active": 4, "tensor_active": 4, "nvlink_crc_errors": 8,
+    "nvlink_replay_errors": 8, "nvlink_recovery_errors": 8, "pcie_replays": 8,
+}
+"""The ``gpu_samples`` columns a block keeps as byte planes (migration 0015), and how many: 4 for
+values kept as int4 (whole percents, degrees, mW, MHz, KB/s), 8 for int8 (bytes, mJ, counters)."""
+
+
+def _byte_planes(name: str, planes: int) -> list[Column[Any]]:
+    """``<name>_base`` (int4 or int8) and ``<name>_p0``... one ``"char"[]`` per byte of the value."""
+    base = Integer if planes == 4 else BigInteger
+    return [Column(f"{name}_base", base), *(Column(f"{name}_p{k}", ARRAY(Byte())) for k in range(planes))]
+
+
 # gpu_samples packed: one row per job, GPU (gpu_devices.id) and UTC hour (``ts``), each
-# measurement an array in timeline order (collector/tiers/packed_format.py). A measurement with a
-# ``_f`` twin is kept as integers when they are exact (whole percents and degrees, W in mW,
-# J in mJ from a per-block base; GPM ratios in hundredths of a point, rounded) and as float8 in
-# the twin when one value of the block is not.
+# measurement in timeline order (collector/tiers/packed_format.py). Since migration 0015 a
+# measurement is kept as integers (whole percents and degrees, W in mW, J in mJ; GPM ratios in
+# hundredths of a point, rounded) XORed with the block's ``<name>_base`` and cut into byte planes
+# ``<name>_p0``..., a plane of zeros not stored; as float8 in its ``_f`` twin when one value of the
+# block is not such an integer. The arrays before them (``util_gpu``, ``power_mw``, ``energy_mj``...)
+# are the format of blocks packed before 0015: read, never written.
 # Large arrays are compressed by TOAST (pglz) and stored out of line.
 gpu_sample_blocks = Table(
     "gpu_sample_blocks",
@@ -589,6 +617,7 @@ gpu_sample_blocks = Table(
     Column("remapped_rows_pending", ARRAY(Boolean)),
     Column("remap_failure", ARRAY(Boolean)),
     Column("retired_pages_pending", ARRAY(Boolean)),
+    *(column for name, planes in PLANES.items() for column in _byte_planes(name, planes)),
     PrimaryKeyConstraint("job_id", "cluster", "ts", "device"),
     postgresql_partition_by=PARTITION_BY,
 )
@@ -657,6 +686,16 @@ RETENTION_TABLES = tuple(t for t in PARTITIONED_TABLES if t not in PACKED_RETENT
 """Dropped past ``JOBSIGHT_RETENTION_DAYS``."""
 
 _PARTITION_NAME = re.compile(r"_p\d{8}$")
+
+
+def compare_type(
+    context: object, inspected: object, column: object, inspected_type: Any, metadata_type: Any
+) -> bool | None:
+    """Alembic type comparison: SQLAlchemy reflects ``"char"[]`` (:class:`Byte`) as an array of
+    strings, which is that type; every other column is compared as Alembic does (None)."""
+    if isinstance(metadata_type, ARRAY) and isinstance(metadata_type.item_type, Byte):
+        return not (isinstance(inspected_type, ARRAY) and inspected_type.item_type.__class__.__name__ == "String")
+    return None
 
 
 def include_name(name: str | None, type_: str, parent_names: object) -> bool:

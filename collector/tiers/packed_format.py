@@ -2,35 +2,46 @@
 
 A block is one job's samples of one GPU in one UTC hour. The sample times live in the
 block's timeline (``gpu_sample_timelines.sample_ts``, shared by the GPUs of a node that were
-sampled at the same ticks); every measurement is an array in the same order. Each column's
-:class:`Encoding` gives the SQL aggregates that build its arrays from the samples of a block
-(used by :mod:`jobsight.collector.tiers.compaction`) and the SQL expression that gives the value
-back from the unnested elements (used by :mod:`jobsight.collector.tiers.reads` and by the merge of
+sampled at the same ticks); every measurement is kept in the same order. Each column's
+:class:`Encoding` gives the SQL that packs it from the samples of a block (used by
+:mod:`jobsight.collector.tiers.compaction`) and the SQL expression that gives the value back
+from the unnested elements (used by :mod:`jobsight.collector.tiers.reads` and by the merge of
 late samples).
 
-The encodings, smallest first, and why each is exact:
+Byte planes (migration 0015). A measurement is an integer at the precision its source has:
+whole percents and degrees (``util_gpu``, ``util_mem``, ``temp_c``), ``power_w`` in mW and
+``energy_j`` in mJ (NVML gives those), MHz, KB/s, bytes and counts as they are; the GPM ratios
+(``sm_active``, ``tensor_active``: arbitrary doubles from NVML) in hundredths of a percentage
+point, rounded, the only lossy columns (to within 0.005 points; no query reads them, and the hot
+tier keeps them as they came). Each value is XORed with the block's ``<name>_base`` (its least
+value) and cut into its bytes, one ``"char"[]`` per byte: ``<name>_p0`` the low bytes,
+``<name>_p1`` the next... A plane whose bytes are all zero is not stored (it is NULL), and a column
+whose every sample has one value stores no plane at all (``<name>_base`` alone). Why: most of a
+value's bytes are the same as its neighbours' (the high bytes of a counter, of a clock, of memory
+in use), and a plane of them compresses to nearly nothing (TOAST's pglz), where the whole values,
+whose low bytes are noise, did not compress at all. XOR (not a difference) cannot overflow, so
+every int4 and int8 fits its 4 or 8 planes. A NULL value is NULL in every stored plane; the low
+plane is stored whenever the column is not one value throughout, so that it carries the NULLs.
 
-* whole numbers stored as floats (``util_gpu``, ``util_mem``, ``temp_c``: NVML reports whole
-  percents and degrees) go into ``int2[]``; ``power_w`` (NVML: milliwatts / 1000) into ``int4[]``
-  of mW; ``energy_j`` (NVML: millijoules / 1000) into ``int4[]`` of mJ from a per-block base
-  (an hour of a 1.2 kW GPU fits). A block takes these only when *every* value of the block
-  comes back bit-for-bit from them (checked in SQL with the very expression that decodes it);
-  otherwise the block keeps the column in its float8 ``_f`` twin, as it was.
-* integer and boolean columns keep their own type (the fault counters and flags too: they
-  change seldom, and a run of one value is what pglz compresses best).
-* ``sm_active`` and ``tensor_active`` (GPM ratios: arbitrary doubles from NVML, which no pglz
-  compresses) go into ``int2[]`` of hundredths of a percentage point, rounded: the only lossy
-  columns, to within 0.005 points (an exact value of two decimals comes back exactly). No query
-  reads them; the hot tier keeps them as they came for its day. A block with a value outside
-  the int2 range keeps them in float8.
+A float column takes the integers only when *every* value of the block comes back bit-for-bit
+from them (checked in SQL with the very expression that decodes it; NaN, infinities and values
+out of range never do); otherwise the block keeps the column in its float8 ``_f`` twin.
+Booleans (``lost``, the fault flags) keep their own type: they change seldom, and a run of one
+value is what pglz compresses best.
 
-A column whose values are all NULL in a block is a NULL array (not an array of NULLs).
+Blocks packed before 0015 kept integers whole (``util_gpu`` int2[], ``power_mw`` int4[],
+``energy_mj`` int4[] from ``energy_mj_base``, ``mem_used`` int8[]...): they are still read
+(``legacy``), never written; a late sample merged into such an hour repacks it in planes.
+
+A column whose values are all NULL in a block stores nothing (NULL base and arrays).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Final
+
+from jobsight.collector.store.schema import PLANES
 
 ORDER: Final = (
     "s.ts, s.util_gpu, s.util_mem, s.mem_used, s.mem_total, s.power_w, s.energy_j, s.temp_c, s.sm_clock_mhz, "
@@ -44,27 +55,38 @@ sort) and a block packs to the same bytes however its rows were stored."""
 
 ENERGY_MJ: Final = "CASE WHEN abs(s.energy_j) < 4e12 THEN round(s.energy_j * 1000) END"
 """A sample's energy in whole mJ (float8). Under 4e12 J the mJ stay under 2^53, where float8
-holds every integer; a block's ``e_lo`` and ``e_hi`` are its least and greatest."""
+holds every integer."""
 
-ENERGY_SPAN_MJ: Final = 2**32 - 1
-"""Widest range of energy counter values (mJ) one block keeps as int4 offsets from its base."""
+
+BYTE: Final = '"char"'
+"""PostgreSQL's one-byte type, the element of a byte plane."""
 
 
 @dataclass(frozen=True)
 class Encoding:
     """One ``gpu_samples`` column in ``gpu_sample_blocks``.
 
-    ``stored`` are the block columns it fills, ``aggregates`` the SQL that fills them (one
-    each; over the block's samples ``s``, which also carry ``e_lo``/``e_hi``, the block's
-    lowest and highest energy in mJ). ``arrays`` are the array columns to unnest to read it,
-    and ``decode`` the SQL giving the value back from their elements, named ``u_<array>``, and
-    the block's scalar columns, named ``b_<column>``."""
+    Packing, in three steps of the compaction pass: ``integer`` is the SQL giving a sample's value
+    as the integer its planes hold (over the sample ``s``; NULL where it has none), computed once
+    per sample as ``i_<column>``; ``window`` what is known of the block's integers (over the window
+    ``g`` of the block: its least value ``lo_<column>``...); ``aggregates`` the block's
+    ``(name, SQL)`` over its samples ``s``; ``stored`` the block columns written and ``packed``
+    their SQL over the aggregated block ``p``. To read it: ``arrays`` are the array columns to
+    unnest, ``carried`` the block's other columns it needs (``<SQL over the block b> AS
+    b_<name>``), and ``decode`` the SQL giving the value back from the elements, named
+    ``u_<array>``, and the carried ``b_<name>``. ``legacy`` are the columns only blocks packed
+    before migration 0015 have."""
 
     column: str
+    integer: str | None
+    window: tuple[str, ...]
+    aggregates: tuple[tuple[str, str], ...]
     stored: tuple[str, ...]
-    aggregates: tuple[str, ...]
+    packed: tuple[str, ...]
     arrays: tuple[str, ...]
+    carried: tuple[str, ...]
     decode: str
+    legacy: tuple[str, ...] = ()
 
 
 def _ordered(expression: str) -> str:
@@ -78,85 +100,165 @@ def _unless_all_null(column: str, aggregate: str) -> str:
 def _plain(column: str) -> Encoding:
     return Encoding(
         column=column,
+        integer=None,
+        window=(),
+        aggregates=((column, _unless_all_null(column, _ordered(f"s.{column}"))),),
         stored=(column,),
-        aggregates=(_unless_all_null(column, _ordered(f"s.{column}")),),
+        packed=(f"p.{column}",),
         arrays=(column,),
+        carried=(),
         decode=f"u_{column}",
     )
 
 
-def _scaled(column: str, array: str, element: str, scale: int, bound: int, *, rounded: bool = False) -> Encoding:
-    """A float column whose values are ``integer / scale``: the integers, when every value of
-    the block comes back exactly (or, ``rounded``, fits), else the floats in ``<column>_f``."""
-    fallback = f"{column}_f"
-    scaled = f"round(s.{column} * {scale})" if scale != 1 else f"round(s.{column})"
-    decoded = f"u_{array}::float8 / {scale}" if scale != 1 else f"u_{array}::float8"
-    # The test decodes with the reader's expression, so "exact" means bit-for-bit (but for -0.0).
-    # BETWEEN also refuses NaN and infinities, which PostgreSQL would otherwise call equal; CASE
-    # (not AND, whose order PostgreSQL may change) keeps the casts from values out of range.
-    fits = f"s.{column} BETWEEN {-bound} AND {bound}"
-    kept = "true" if rounded else f"{scaled}::{element}::float8 / {scale} = s.{column}"
-    exact = f"bool_and(CASE WHEN s.{column} IS NULL THEN true WHEN {fits} THEN {kept} ELSE false END)"
+def _plane_names(column: str) -> list[str]:
+    return [f"{column}_p{k}" for k in range(PLANES[column])]
+
+
+def _block_window(column: str) -> tuple[str, ...]:
+    """What the pass knows of a block's integers before it packs them, over the window ``g`` of
+    the block: the least (the base), the bits that vary (OR # AND: a byte is the same in every
+    value where they agree, so its plane would be zeros), and whether no value is NULL."""
+    i = f"s.i_{column}"
+    return (f"min({i}) OVER g AS lo_{column}", f"bit_or({i}) OVER g # bit_and({i}) OVER g AS var_{column}",
+            f"count(s.{column}) OVER g = count(*) OVER g AS full_{column}")
+
+
+def _planes(column: str, exact: str) -> tuple[tuple[tuple[str, str], ...], tuple[str, ...], tuple[str, ...]]:
+    """(aggregates, stored, packed) of a column's byte planes, when the block's ``exact`` (SQL) holds.
+
+    The block's values XOR its base are aggregated once, in the order every array has (one sort
+    serves them all); each plane needed is cut from that array: plane k of a sample is byte k,
+    shifted to ``"char"``'s -128..127. (Aggregating each plane apart would build every plane of
+    every column, as an aggregate in a CASE is computed whatever the CASE says.)"""
+    kept = f"count(s.{column}) > 0 AND {exact}"
+    aggregates = (
+        (f"x_{column}", f"CASE WHEN {kept} THEN {_ordered(f'(s.i_{column} # s.lo_{column})')} END"),
+        (f"base_{column}", f"CASE WHEN {kept} THEN min(s.lo_{column}) END"),
+        (f"var_{column}", f"min(s.var_{column})"),
+        (f"full_{column}", f"bool_and(s.full_{column})"),
+    )
+    packed = [f"p.base_{column}"]
+    for k in range(PLANES[column]):
+        # The low plane carries the NULLs; a higher one is stored only if a byte of it is not 0.
+        needed = (f"NOT (p.var_{column} = 0 AND p.full_{column})" if k == 0
+                  else f"(p.var_{column} >> {8 * k}) & 255 <> 0")
+        plane = (f"ARRAY(SELECT (((u.x >> {8 * k}) & 255) - 128)::int4::{BYTE} "
+                 f"FROM unnest(p.x_{column}) WITH ORDINALITY u(x, n) ORDER BY u.n)")
+        packed.append(f"CASE WHEN p.x_{column} IS NOT NULL AND {needed} THEN {plane} END")
+    return aggregates, (f"{column}_base", *_plane_names(column)), tuple(packed)
+
+
+def _planes_decode(column: str) -> tuple[tuple[str, ...], str]:
+    """(carried, SQL) giving a column's integer back from its planes; NULL if the block has none."""
+    kind = "int4" if PLANES[column] == 4 else "int8"
+    parts = [f"(u_{plane}::int4 + 128)::{kind}" + (f" << {8 * k}" if k else "")
+             for k, plane in enumerate(_plane_names(column))]
+    # A missing higher plane is zeros; a NULL in the low plane is a NULL value.
+    bytes_ = " | ".join([parts[0], *(f"coalesce({p}, 0)" for p in parts[1:])])
+    carried = (f"b.{column}_base AS b_{column}_base", f"(b.{column}_p0 IS NULL) AS b_{column}_one")
+    return carried, f"CASE WHEN b_{column}_one THEN b_{column}_base ELSE b_{column}_base # ({bytes_}) END"
+
+
+def _integers(column: str) -> Encoding:
+    """An integer column (int4 or int8) in byte planes; blocks before 0015 kept it whole."""
+    aggregates, stored, packed = _planes(column, "true")
+    carried, decoded = _planes_decode(column)
     return Encoding(
         column=column,
-        stored=(array, fallback),
-        aggregates=(
-            f"CASE WHEN count(s.{column}) > 0 AND {exact} "
-            f"THEN {_ordered(f'CASE WHEN {fits} THEN {scaled}::{element} END')} END",
-            f"CASE WHEN count(s.{column}) > 0 AND NOT {exact} THEN {_ordered(f's.{column}')} END",
-        ),
-        arrays=(array, fallback),
-        decode=f"coalesce(u_{fallback}, {decoded})",
+        integer=f"s.{column}",
+        window=_block_window(column),
+        aggregates=aggregates,
+        stored=stored,
+        packed=packed,
+        arrays=(*_plane_names(column), column),
+        carried=carried,
+        decode=f"coalesce(u_{column}, {decoded})",
+        legacy=(column,),
+    )
+
+
+def _with_fallback(column: str, exact: str) -> tuple[tuple[tuple[str, str], ...], tuple[str, ...], tuple[str, ...]]:
+    """Byte planes when the block's ``exact`` holds, else the float8 values in ``<column>_f``."""
+    aggregates, stored, packed = _planes(column, exact)
+    fallback = f"{column}_f"
+    floats = f"CASE WHEN count(s.{column}) > 0 AND NOT {exact} THEN {_ordered(f's.{column}')} END"
+    return (*aggregates, (fallback, floats)), (*stored, fallback), (*packed, f"p.{fallback}")
+
+
+def _scaled(column: str, legacy: str, scale: int, bound: int, *, rounded: bool = False) -> Encoding:
+    """A float column whose values are ``integer / scale``: byte planes of the integers, when
+    every value of the block comes back exactly (or, ``rounded``, fits), else the floats in
+    ``<column>_f``. ``legacy`` is the integer array of blocks packed before 0015."""
+    fallback = f"{column}_f"
+    integer = (f"CASE WHEN s.{column} BETWEEN {-bound} AND {bound} "
+               f"THEN round(s.{column}{f' * {scale}' if scale != 1 else ''})::int4 END")
+    # The test decodes with the reader's expression, so "exact" means bit-for-bit (but for -0.0).
+    # BETWEEN also refuses NaN and infinities, which PostgreSQL would otherwise call equal.
+    kept = "true" if rounded else f"s.i_{column}::float8 / {scale} = s.{column}"
+    exact = (f"bool_and(CASE WHEN s.{column} IS NULL THEN true WHEN s.i_{column} IS NULL THEN false "
+             f"ELSE {kept} END)")
+    aggregates, stored, packed = _with_fallback(column, exact)
+    carried, decoded = _planes_decode(column)
+    return Encoding(
+        column=column,
+        integer=integer,
+        window=_block_window(column),
+        aggregates=aggregates,
+        stored=stored,
+        packed=packed,
+        arrays=(*_plane_names(column), fallback, legacy),
+        carried=carried,
+        decode=f"coalesce(u_{fallback}, (coalesce(u_{legacy}, {decoded}))::float8 / {scale})",
+        legacy=(legacy,),
     )
 
 
 def _energy() -> Encoding:
-    """``energy_j``: mJ as int4 offsets from the block's base (its lowest value + 2^31), when the
-    block's counter spans at most :data:`ENERGY_SPAN_MJ` and every value is whole mJ."""
-    mj = ENERGY_MJ
-    values_exact = (
-        f"bool_and(CASE WHEN s.energy_j IS NULL THEN true WHEN {mj} IS NULL THEN false "
-        f"ELSE {mj}::int8::float8 / 1000 = s.energy_j END)"
-    )
-    exact = f"({values_exact} AND max(s.e_hi) - min(s.e_lo) <= {ENERGY_SPAN_MJ})"
-    offset = f"CASE WHEN s.e_hi - s.e_lo <= {ENERGY_SPAN_MJ} THEN ({mj} - s.e_lo - 2147483648)::int4 END"
+    """``energy_j``: byte planes of whole mJ, when every value is whole mJ under 4e12 J. Blocks
+    before 0015 kept int4 offsets (``energy_mj``) from a base (``energy_mj_base``)."""
+    exact = ("bool_and(CASE WHEN s.energy_j IS NULL THEN true WHEN s.i_energy_j IS NULL THEN false "
+             "ELSE s.i_energy_j::float8 / 1000 = s.energy_j END)")
+    aggregates, stored, packed = _with_fallback("energy_j", exact)
+    carried, decoded = _planes_decode("energy_j")
     return Encoding(
         column="energy_j",
-        stored=("energy_mj_base", "energy_mj", "energy_j_f"),
-        aggregates=(
-            f"CASE WHEN count(s.energy_j) > 0 AND {exact} THEN min(s.e_lo)::int8 + 2147483648 END",
-            f"CASE WHEN count(s.energy_j) > 0 AND {exact} THEN {_ordered(offset)} END",
-            f"CASE WHEN count(s.energy_j) > 0 AND NOT {exact} THEN {_ordered('s.energy_j')} END",
-        ),
-        arrays=("energy_mj", "energy_j_f"),
-        decode="coalesce(u_energy_j_f, (b_energy_mj_base + u_energy_mj)::float8 / 1000)",
+        integer=f"({ENERGY_MJ})::int8",
+        window=_block_window("energy_j"),
+        aggregates=aggregates,
+        stored=stored,
+        packed=packed,
+        arrays=(*_plane_names("energy_j"), "energy_j_f", "energy_mj"),
+        carried=(*carried, "b.energy_mj_base AS b_energy_mj_base"),
+        decode=f"coalesce(u_energy_j_f, (coalesce(b_energy_mj_base + u_energy_mj, {decoded}))::float8 / 1000)",
+        legacy=("energy_mj_base", "energy_mj"),
     )
 
 
 ENCODINGS: Final[dict[str, Encoding]] = {
     e.column: e
     for e in (
-        _scaled("util_gpu", "util_gpu", "int2", 1, 32767),
-        _scaled("util_mem", "util_mem", "int2", 1, 32767),
-        _plain("mem_used"),
-        _plain("mem_total"),
-        _scaled("power_w", "power_mw", "int4", 1000, 2_000_000),
+        _scaled("util_gpu", "util_gpu", 1, 32767),
+        _scaled("util_mem", "util_mem", 1, 32767),
+        _integers("mem_used"),
+        _integers("mem_total"),
+        _scaled("power_w", "power_mw", 1000, 2_000_000),
         _energy(),
-        _scaled("temp_c", "temp_c", "int2", 1, 32767),
-        _plain("sm_clock_mhz"),
-        _plain("mem_clock_mhz"),
-        _plain("pcie_tx_kbs"),
-        _plain("pcie_rx_kbs"),
-        _plain("throttle_reasons"),
-        _plain("ecc_errors"),
-        _plain("process_count"),
-        _scaled("sm_active", "sm_active", "int2", 100, 327, rounded=True),
-        _scaled("tensor_active", "tensor_active", "int2", 100, 327, rounded=True),
+        _scaled("temp_c", "temp_c", 1, 32767),
+        _integers("sm_clock_mhz"),
+        _integers("mem_clock_mhz"),
+        _integers("pcie_tx_kbs"),
+        _integers("pcie_rx_kbs"),
+        _integers("throttle_reasons"),
+        _integers("ecc_errors"),
+        _integers("process_count"),
+        _scaled("sm_active", "sm_active", 100, 327, rounded=True),
+        _scaled("tensor_active", "tensor_active", 100, 327, rounded=True),
         _plain("lost"),
-        _plain("nvlink_crc_errors"),
-        _plain("nvlink_replay_errors"),
-        _plain("nvlink_recovery_errors"),
-        _plain("pcie_replays"),
+        _integers("nvlink_crc_errors"),
+        _integers("nvlink_replay_errors"),
+        _integers("nvlink_recovery_errors"),
+        _integers("pcie_replays"),
         _plain("remapped_rows_pending"),
         _plain("remap_failure"),
         _plain("retired_pages_pending"),

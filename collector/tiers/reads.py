@@ -81,9 +81,9 @@ def unpack_samples(
     and row by row: in FROM, each would first be copied into a tuplestore (four times slower)."""
     encodings = [ENCODINGS[name] for name in columns]
     arrays = list(dict.fromkeys(array for e in encodings for array in e.arrays))
-    block_columns = sorted({"energy_mj_base"} & {c for e in encodings for c in e.stored})
+    carried = list(dict.fromkeys(c for e in encodings for c in e.carried))
     unnested = ["unnest(t.sample_ts) AS u_ts", *(f"unnest(b.{a}) AS u_{a}" for a in arrays)]
-    kept = [*(f"b.{c} AS b_{c}" for c in (*extra, *block_columns))]
+    kept = [*(f"b.{c} AS b_{c}" for c in extra), *carried]
     decoded = [f"{e.decode} AS {e.column}" for e in encodings]
     return f"""(
         SELECT u_ts, {", ".join([*(f"b_{c}" for c in extra), *decoded])} FROM (

@@ -50,8 +50,12 @@ def test_every_column_has_a_place() -> None:
     assert raw == ["cluster", "job_id", "ts", "node", "gpu_index", "gpu_uuid", "gpu_name", "mig_uuid", *MEASURES]
     assert set(DEVICE_COLUMNS) == {c.name for c in schema.gpu_devices.columns} - {"id"}
     stored = [c for e in ENCODINGS.values() for c in e.stored]
+    legacy = [c for e in ENCODINGS.values() for c in e.legacy]
     blocks = [c.name for c in schema.gpu_sample_blocks.columns]
-    assert blocks == ["cluster", "job_id", "ts", "device", "timeline", "samples", "first_ts", "last_ts", *stored]
+    key = ["cluster", "job_id", "ts", "device", "timeline", "samples", "first_ts", "last_ts"]
+    assert blocks[:len(key)] == key
+    assert sorted(blocks[len(key):]) == sorted([*stored, *legacy])  # each once, written or read
+    assert not set(stored) & set(legacy)
     assert set(compaction.MINUTE_MERGE) == set(tiers.MINUTE_VALUES)
     assert [c.name for c in schema.gpu_minute_blocks.columns] == [*schema.MINUTE_KEY, "minute_ts", *tiers.MINUTE_VALUES]
 
@@ -121,7 +125,7 @@ def test_every_value_comes_back(url: str) -> None:
         _pass(conn)
         assert conn.execute("SELECT count(*) AS n FROM gpu_samples WHERE job_id = %s", (job,)).fetchone()["n"] == 0
         blocks = conn.execute(
-            "SELECT power_mw IS NULL AS float_power, energy_j_f IS NOT NULL AS float_energy, samples"
+            "SELECT power_w_base IS NULL AS float_power, energy_j_f IS NOT NULL AS float_energy, samples"
             " FROM gpu_sample_blocks WHERE job_id = %s ORDER BY device, ts", (job,)
         ).fetchall()
         kept_as = {(b["float_power"], b["float_energy"]) for b in blocks}
