@@ -61,6 +61,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import re
 import sys
 import tempfile
 import time
@@ -279,8 +280,18 @@ def column_bytes(conn: psycopg.Connection[Any], samples: int) -> str:
     ).fetchone()
     timeline = conn.execute("SELECT sum(pg_column_size(sample_ts)) AS n FROM gpu_sample_timelines").fetchone()
     assert totals is not None and timeline is not None
-    used = [(n, int(totals[n])) for n in names if totals[n]]
-    return "  ".join(f"{n} {b / samples:.2f}" for n, b in [("sample_ts", int(timeline["n"])), *used])
+    # A column's byte planes (<name>_p0, _p1...) are summed, with how many were stored.
+    by_column: dict[str, list[int]] = {"sample_ts": [int(timeline["n"]), 0]}
+    for name in names:
+        if totals[name]:
+            plane = re.fullmatch(r"(.+)_p\d", name)
+            kept = by_column.setdefault(plane.group(1) if plane else name, [0, 0])
+            kept[0] += int(totals[name])
+            kept[1] += plane is not None
+    def shown(name: str, size: int, planes: int) -> str:
+        return f"{name} {size / samples:.2f}" + (f" ({planes} plane{'s' if planes > 1 else ''})" if planes else "")
+
+    return "  ".join(shown(n, b, planes) for n, (b, planes) in by_column.items())
 
 
 def count(conn: psycopg.Connection[Any], table: str) -> int:

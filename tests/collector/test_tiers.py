@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import math
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -22,6 +23,10 @@ from jobsight.collector.tiers import reads as tiers
 from jobsight.collector.tiers.packed_format import DEVICE_COLUMNS, ENCODINGS
 from jobsight.collector.tiers.rollup import rebuild_minutes
 from tests.conftest import create_database
+
+hypothesis = pytest.importorskip("hypothesis", reason="hypothesis is not installed (the dev extra)")
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
 
 CLUSTER = "default"
 DAY = dt.date.today() - dt.timedelta(days=30)
@@ -233,3 +238,102 @@ def test_a_late_sample_of_a_packed_day_is_read_with_it(url: str) -> None:
         assert raw_rows == 1
         rows = queries.gpu_series(conn, CLUSTER, job, **window)
         assert sum(r["samples"] for r in rows) == GPUS * (600 // STEP_S) + 1
+
+
+INT4 = ("sm_clock_mhz", "mem_clock_mhz", "pcie_tx_kbs", "pcie_rx_kbs", "process_count")
+INT8 = ("mem_used", "mem_total", "throttle_reasons", "ecc_errors", "nvlink_crc_errors", "nvlink_replay_errors",
+        "nvlink_recovery_errors", "pcie_replays")
+FLOATS = {"util_gpu": 1, "util_mem": 1, "power_w": 1000, "energy_j": 1000, "temp_c": 1}
+BOOLS = ("lost", "remapped_rows_pending", "remap_failure", "retired_pages_pending")
+
+
+def _near(base: Any, spread: Any, scale: int = 1) -> Any:
+    """Values around one base, as a series' are (the planes' common case), or anywhere."""
+    return st.one_of(st.none(), spread.map(lambda d: (base + d) / scale if scale != 1 else base + d))
+
+
+def _column(name: str) -> Any:
+    if name in INT4 or name in INT8:
+        bits = 31 if name in INT4 else 63
+        anywhere = st.integers(-(2**bits), 2**bits - 1)
+        return anywhere.flatmap(lambda base: _near(base, st.integers(-300, 300)).filter(
+            lambda v: v is None or -(2**bits) <= v < 2**bits) | anywhere)
+    if name in BOOLS:
+        return st.one_of(st.none(), st.booleans())
+    if name in GPM:
+        return st.one_of(st.none(), st.floats(-400, 400, allow_nan=False), st.just(float("nan")))
+    scale = FLOATS[name]
+    # Whole units of the source's precision (kept in planes), and any float (kept as float8).
+    whole = st.integers(-(2**31) // scale, 2**31 // scale).flatmap(
+        lambda base: _near(base * scale, st.integers(-5000, 5000), scale))
+    return st.one_of(whole, st.floats(allow_nan=True, allow_infinity=True).filter(lambda v: v != 0 or
+                                                                                    str(v) == "0.0"))
+
+
+def _same(kept: Any, was: Any, column: str) -> bool:
+    if was is None or kept is None:
+        return kept is None and was is None
+    if isinstance(was, float) and math.isnan(was):
+        return isinstance(kept, float) and math.isnan(kept)
+    if column in GPM and abs(was) <= 327:
+        return bool(abs(kept - was) <= 0.005 + 1e-9)
+    return bool(kept == was)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(series=st.lists(st.fixed_dictionaries({name: _column(name) for name in MEASURES}), min_size=1, max_size=30))
+def test_random_series_come_back(url: str, series: list[dict[str, Any]]) -> None:
+    """Any series of one GPU, NaN, infinities, NULLs and extremes included, reads back from the
+    packed tier as it was stored (the GPM ratios to the nearest hundredth)."""
+    job = f"prop-{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(url, autocommit=True, row_factory=dict_row) as conn:
+        keeper = PartitionKeeper()
+        keeper.ensure(conn, "gpu_samples", [DAY])
+        keeper.ensure(conn, "gpu_minutes", [DAY])
+        _insert(conn, job, series, "n1")
+        before = sorted(_raw(conn, job), key=lambda r: r["ts"])
+        _pass(conn)
+        assert conn.execute("SELECT count(*) AS n FROM gpu_samples WHERE job_id = %s", (job,)).fetchone()["n"] == 0
+        after = sorted(_both(conn, job), key=lambda r: r["ts"])
+    assert len(after) == len(before)
+    for kept, was in zip(after, before, strict=True):
+        for column in (*tiers.SAMPLE_KEY, *MEASURES):
+            assert _same(kept[column], was[column], column), (column, was[column], kept[column])
+
+
+def test_blocks_packed_before_byte_planes_read_alike(empty_database_url: str) -> None:
+    """A block packed before migration 0015 (whole-value arrays) reads as it did; a late sample
+    merged into its hour repacks it in byte planes. Downgrading 0015 writes blocks packed in
+    planes back into those arrays, which is how the old blocks are made here."""
+    url = empty_database_url
+    job = f"legacy-{uuid.uuid4().hex[:8]}"
+    migrate.upgrade(url)
+    with psycopg.connect(url, autocommit=True, row_factory=dict_row) as conn:
+        keeper = PartitionKeeper()
+        keeper.ensure(conn, "gpu_samples", [DAY])
+        keeper.ensure(conn, "gpu_minutes", [DAY])
+        _insert(conn, job, EDGES, "n1")
+        _insert(conn, job, ODD, "n1", mig="MIG-1")
+        _insert(conn, job, [{"util_gpu": 90.0 + i % 7, "power_w": 600 + i * 0.125, "energy_j": 1e6 + i * 600.5,
+                             "mem_used": 2**36 + i * 4096, "pcie_rx_kbs": i * 7919 % 400000} for i in range(200)],
+                "n2")
+        before = sorted(map(_key, _raw(conn, job)))
+        _pass(conn)
+    migrate.downgrade(url, "0014")
+    migrate.upgrade(url)
+    with psycopg.connect(url, autocommit=True, row_factory=dict_row) as conn:
+        kinds = conn.execute(
+            "SELECT count(*) FILTER (WHERE util_gpu IS NOT NULL AND power_mw IS NOT NULL) AS legacy,"
+            " count(*) FILTER (WHERE util_gpu_base IS NOT NULL) AS planes FROM gpu_sample_blocks").fetchone()
+        assert kinds["legacy"] >= 2 and kinds["planes"] == 0
+        assert sorted(map(_key, _both(conn, job))) == before
+        late = {"util_gpu": 42.0, "power_w": 123.456, "energy_j": 2e6, "mem_used": 7}
+        PartitionKeeper().ensure(conn, "gpu_samples", [DAY])  # the pass dropped the packed day's
+        _insert(conn, job, [late], "n2", at=T0 + dt.timedelta(seconds=0.5))
+        with_late = sorted([*before, *map(_key, _raw(conn, job))])
+        _pass(conn)
+        repacked = conn.execute(
+            "SELECT util_gpu IS NULL AND power_mw IS NULL AND util_gpu_base IS NOT NULL AS planes"
+            " FROM gpu_sample_blocks b JOIN gpu_devices d ON d.id = b.device WHERE d.node = 'n2'").fetchall()
+        assert repacked == [{"planes": True}]
+        assert sorted(map(_key, _both(conn, job))) == with_late
