@@ -25,6 +25,7 @@ from sqlalchemy import (
     MetaData,
     PrimaryKeyConstraint,
     SmallInteger,
+    String,
     Table,
     Text,
     text,
@@ -694,7 +695,7 @@ def compare_type(
     """Alembic type comparison: SQLAlchemy reflects ``"char"[]`` (:class:`Byte`) as an array of
     strings, which is that type; every other column is compared as Alembic does (None)."""
     if isinstance(metadata_type, ARRAY) and isinstance(metadata_type.item_type, Byte):
-        return not (isinstance(inspected_type, ARRAY) and inspected_type.item_type.__class__.__name__ == "String")
+        return not (isinstance(inspected_type, ARRAY) and isinstance(inspected_type.item_type, String))
     return None
 
 

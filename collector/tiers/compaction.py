@@ -423,7 +423,7 @@ WITH old_blocks AS (
     INSERT INTO gpu_sample_blocks (cluster, job_id, ts, device, timeline, samples, first_ts, last_ts,
                                    {", ".join(_STORED)})
     SELECT p.cluster, %(job)s, %(hour)s, p.device, t.timeline, p.samples, p.first_ts, p.last_ts,
-           {", ".join(f"{sql}" for e in ENCODINGS.values() for sql in e.packed)}
+           {", ".join(sql for e in ENCODINGS.values() for sql in e.packed)}
     FROM packed p JOIN timelines t ON t.cluster = p.cluster AND t.sample_ts = p.sample_ts
     RETURNING samples
 )

@@ -66,7 +66,7 @@ BYTE: Final = '"char"'
 class Encoding:
     """One ``gpu_samples`` column in ``gpu_sample_blocks``.
 
-    Packing, in three steps of the compaction pass: ``integer`` is the SQL giving a sample's value
+    Packing, in four steps of the compaction pass: ``integer`` is the SQL giving a sample's value
     as the integer its planes hold (over the sample ``s``; NULL where it has none), computed once
     per sample as ``i_<column>``; ``window`` what is known of the block's integers (over the window
     ``g`` of the block: its least value ``lo_<column>``...); ``aggregates`` the block's
@@ -178,6 +178,13 @@ def _integers(column: str) -> Encoding:
     )
 
 
+def _exact(column: str, scale: int | None) -> str:
+    """SQL: whether every value of the block is its integer ``i_<column>`` / ``scale`` bit for bit
+    (but for -0.0), or, with no ``scale`` (rounded columns), has an integer at all."""
+    kept = "true" if scale is None else f"s.i_{column}::float8 / {scale} = s.{column}"
+    return f"bool_and(CASE WHEN s.{column} IS NULL THEN true WHEN s.i_{column} IS NULL THEN false ELSE {kept} END)"
+
+
 def _with_fallback(column: str, exact: str) -> tuple[tuple[tuple[str, str], ...], tuple[str, ...], tuple[str, ...]]:
     """Byte planes when the block's ``exact`` holds, else the float8 values in ``<column>_f``."""
     aggregates, stored, packed = _planes(column, exact)
@@ -195,10 +202,7 @@ def _scaled(column: str, legacy: str, scale: int, bound: int, *, rounded: bool =
                f"THEN round(s.{column}{f' * {scale}' if scale != 1 else ''})::int4 END")
     # The test decodes with the reader's expression, so "exact" means bit-for-bit (but for -0.0).
     # BETWEEN also refuses NaN and infinities, which PostgreSQL would otherwise call equal.
-    kept = "true" if rounded else f"s.i_{column}::float8 / {scale} = s.{column}"
-    exact = (f"bool_and(CASE WHEN s.{column} IS NULL THEN true WHEN s.i_{column} IS NULL THEN false "
-             f"ELSE {kept} END)")
-    aggregates, stored, packed = _with_fallback(column, exact)
+    aggregates, stored, packed = _with_fallback(column, _exact(column, None if rounded else scale))
     carried, decoded = _planes_decode(column)
     return Encoding(
         column=column,
@@ -217,9 +221,7 @@ def _scaled(column: str, legacy: str, scale: int, bound: int, *, rounded: bool =
 def _energy() -> Encoding:
     """``energy_j``: byte planes of whole mJ, when every value is whole mJ under 4e12 J. Blocks
     before 0015 kept int4 offsets (``energy_mj``) from a base (``energy_mj_base``)."""
-    exact = ("bool_and(CASE WHEN s.energy_j IS NULL THEN true WHEN s.i_energy_j IS NULL THEN false "
-             "ELSE s.i_energy_j::float8 / 1000 = s.energy_j END)")
-    aggregates, stored, packed = _with_fallback("energy_j", exact)
+    aggregates, stored, packed = _with_fallback("energy_j", _exact("energy_j", 1000))
     carried, decoded = _planes_decode("energy_j")
     return Encoding(
         column="energy_j",
