@@ -121,10 +121,11 @@ WINDOW per_gpu AS (PARTITION BY node, gpu ORDER BY t)
 """
 
 # One host sample per node and tick, as the node daemon reads the job's cgroup: CPU percent of
-# one core (one decimal), cumulative CPU seconds, memory in bytes stepping now and then.
+# one core (one decimal), cumulative CPU seconds (the cgroup's whole microseconds), memory in
+# bytes stepping now and then.
 HOST_GENERATE = """
 INSERT INTO host_samples (cluster, job_id, ts, node, cpu_util, cpu_time_s, mem_used, mem_limit)
-SELECT %(cluster)s, %(job)s, ts, node, util, sum(util) OVER per_node / 100.0, mem, 1099511627776
+SELECT %(cluster)s, %(job)s, ts, node, util, round(sum(util) OVER per_node * 10000)::int8 / 1e6, mem, 1099511627776
 FROM (
     SELECT 'gpu-node-' || lpad(n::text, 3, '0') AS node, t,
            %(start)s + make_interval(secs => t) + floor(random() * 2000)::int * interval '1 microsecond' AS ts,

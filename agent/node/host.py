@@ -179,7 +179,8 @@ class HostSampler:
 
     def _from_cgroup1(self, cpu_dir: str, memory_dir: str) -> tuple[float | None, int | None, int | None]:
         usage_ns = _read_int(os.path.join(cpu_dir, "cpuacct.usage")) if cpu_dir else None
-        cpu = usage_ns / 1e9 if usage_ns is not None else None
+        # In whole microseconds, as cgroup v2 counts: the packed tier keeps such seconds as integers.
+        cpu = usage_ns // 1000 / 1e6 if usage_ns is not None else None
         used = _read_int(os.path.join(memory_dir, "memory.usage_in_bytes")) if memory_dir else None
         limit = _read_int(os.path.join(memory_dir, "memory.limit_in_bytes")) if memory_dir else None
         if limit is not None and limit >= _V1_NO_LIMIT:
@@ -266,7 +267,9 @@ class HostSampler:
                 spent = cpu - previous[1]
                 if elapsed > 0 and spent >= 0:
                     # Two readings very close together can overshoot; the wire's cap is 1000 busy cores.
-                    util = min(100.0 * spent / elapsed, CPU_UTIL_MAX)
+                    # Hundredths of a percent: finer is below what two readings a tick apart can
+                    # tell, and the packed tier keeps such values as integers (a few bytes, not 4).
+                    util = round(min(100.0 * spent / elapsed, CPU_UTIL_MAX), 2)
             self._previous[job] = (now, cpu)
         return HostReading(cpu_time_s=cpu, cpu_util=util, mem_used=used, mem_limit=limit, source=source)
 

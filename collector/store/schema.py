@@ -649,10 +649,16 @@ gpu_minute_blocks = Table(
     postgresql_partition_by=PARTITION_BY,
 )
 
+HOST_PLANES: dict[str, int] = {"cpu_util": 4, "cpu_time_s": 8, "mem_used": 8, "mem_limit": 8}
+"""The ``host_samples`` columns a block keeps as byte planes (migration 0016): ``cpu_util`` in
+hundredths of a percent (int4), ``cpu_time_s`` in microseconds and memory in bytes (int8)."""
+
 # host_samples packed: one row per job, node and UTC hour (``ts``), the sample times and each
-# measurement an array in time order, with the types and values they were stored with (NULL
-# elements included), so a packed sample reads back exactly. ``block`` numbers the nodes of a
-# job-hour: ``node`` may be NULL, which a primary key cannot hold.
+# measurement in time order (NULL elements included), so a packed sample reads back exactly.
+# Since migration 0016 the CPU and memory columns are byte planes of integers, as a GPU block's
+# (collector/tiers/packed_format.py); the arrays named as the columns hold a block's floats that
+# are no such integers, and every column of the blocks packed before. ``block`` numbers the nodes
+# of a job-hour: ``node`` may be NULL, which a primary key cannot hold.
 _HOST_LATER = ("energy_j", "power_source", "energy_split")
 host_sample_blocks = Table(
     "host_sample_blocks",
@@ -667,8 +673,9 @@ host_sample_blocks = Table(
     Column("last_ts", TS, nullable=False),
     Column("sample_ts", ARRAY(TS), nullable=False),
     # The node energy columns came later (migration 0014): blocks packed before have none.
-    *(Column(c.name, ARRAY(c.type), nullable=c.name in _HOST_LATER)
+    *(Column(c.name, ARRAY(c.type), nullable=c.name in _HOST_LATER or c.name in HOST_PLANES)
       for c in host_samples.columns if c.name not in SERIES_KEY),
+    *(column for name, planes in HOST_PLANES.items() for column in _byte_planes(name, planes)),
     PrimaryKeyConstraint("job_id", "cluster", "ts", "block"),
     postgresql_partition_by=PARTITION_BY,
 )

@@ -50,7 +50,15 @@ from jobsight.collector.store.db import Connection
 from jobsight.collector.store.partitions import PartitionKeeper, partition_name
 from jobsight.collector.store.schema import PACKED_RETENTION_TABLES, PACKED_TABLES, SAMPLE_COUNTS
 from jobsight.collector.tiers import host_tier
-from jobsight.collector.tiers.packed_format import DEVICE_COLUMNS, ENCODINGS, ORDER
+from jobsight.collector.tiers.packed_format import (
+    DEVICE_COLUMNS,
+    ENCODINGS,
+    ORDER,
+    pack_aggregates,
+    pack_columns,
+    pack_integers,
+    pack_window,
+)
 from jobsight.collector.tiers.reads import MINUTE_VALUES, unpack_minutes, unpack_samples
 
 log = logging.getLogger("jobsight.collector")
@@ -381,9 +389,7 @@ ORDER BY {", ".join(f"s.{c}" for c in DEVICE_COLUMNS)}
 """
 
 _MEASURES: Final = tuple(ENCODINGS)
-_STORED: Final = tuple(c for e in ENCODINGS.values() for c in e.stored)
-_PLANED: Final = tuple(e for e in ENCODINGS.values() if e.integer is not None)
-"""The columns kept in byte planes: each sample's integer and the block's least one come first."""
+_STORED, _PACKED = pack_columns(ENCODINGS.values())
 
 # One job-hour: its raw samples and the samples its blocks already hold (deleted here and
 # packed again with the new ones), packed per GPU. GPUs sampled at the same times share a
@@ -402,16 +408,16 @@ WITH old_blocks AS (
     SELECT o.b_cluster, o.u_ts, o.b_device, {", ".join(f"o.{c}" for c in _MEASURES)}
     FROM {unpack_samples(_MEASURES, blocks="old_blocks", timelines="old_timelines", extra=("cluster", "device"))} o
 ), integers AS (
-    SELECT s.*, {", ".join(f"{e.integer} AS i_{e.column}" for e in _PLANED)} FROM src s
+    SELECT s.*, {pack_integers(ENCODINGS.values())} FROM src s
 ), bounded AS (
     -- The window is sorted as the aggregates below want their rows: one sort serves both.
-    SELECT s.*, {", ".join(w for e in _PLANED for w in e.window)}
+    SELECT s.*, {pack_window(ENCODINGS.values())}
     FROM integers s WINDOW g AS (PARTITION BY s.cluster, s.device ORDER BY {ORDER}
                                  ROWS BETWEEN UNBOUNDED PRECEDING AND UNBOUNDED FOLLOWING)
 ), packed AS (
     SELECT s.cluster, s.device, count(*)::int4 AS samples, min(s.ts) AS first_ts, max(s.ts) AS last_ts,
            array_agg(s.ts ORDER BY {ORDER}) AS sample_ts,
-           {", ".join(f"{agg} AS {name}" for e in ENCODINGS.values() for name, agg in e.aggregates)}
+           {pack_aggregates(ENCODINGS.values())}
     FROM bounded s GROUP BY s.cluster, s.device
 ), timelines AS (
     SELECT cluster, sample_ts, (row_number() OVER (PARTITION BY cluster ORDER BY min(device)))::int4 AS timeline
@@ -421,9 +427,9 @@ WITH old_blocks AS (
     SELECT cluster, %(job)s, %(hour)s, timeline, sample_ts FROM timelines
 ), new_blocks AS (
     INSERT INTO gpu_sample_blocks (cluster, job_id, ts, device, timeline, samples, first_ts, last_ts,
-                                   {", ".join(_STORED)})
+                                   {_STORED})
     SELECT p.cluster, %(job)s, %(hour)s, p.device, t.timeline, p.samples, p.first_ts, p.last_ts,
-           {", ".join(sql for e in ENCODINGS.values() for sql in e.packed)}
+           {_PACKED}
     FROM packed p JOIN timelines t ON t.cluster = p.cluster AND t.sample_ts = p.sample_ts
     RETURNING samples
 )

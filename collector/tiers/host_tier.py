@@ -2,7 +2,9 @@
 
 The hot tier is ``host_samples``, a row per node and tick; the packed tier is
 ``host_sample_blocks``, a row per job, node and UTC hour with the sample times and each
-measurement an array, the values as they were stored. An hour is in one tier or the other, but
+measurement in the same order: the CPU and memory columns in byte planes, as a GPU block's
+(:mod:`jobsight.collector.tiers.packed_format`), the rest as arrays; every value reads back as it
+was stored. An hour is in one tier or the other, but
 late samples for a packed hour land in ``host_samples`` until the next pass merges them: both
 are always read. The SQL conventions are :mod:`jobsight.collector.tiers.reads`'.
 """
@@ -11,21 +13,30 @@ from __future__ import annotations
 
 from typing import Final
 
-from jobsight.collector.store.schema import SERIES_KEY, host_samples
+from jobsight.collector.tiers.packed_format import (
+    HOST,
+    HOST_ENCODINGS,
+    HOST_VALUES,
+    pack_aggregates,
+    pack_columns,
+    pack_integers,
+    pack_window,
+    unpacking,
+)
 from jobsight.collector.tiers.reads import sample_range
 
-HOST_VALUES: Final = tuple(c.name for c in host_samples.columns if c.name not in SERIES_KEY)
-"""The measurements of a host sample (``cpu_util``, ``cpu_time_s``, ``mem_used``, ``mem_limit``)."""
+__all__ = ["HOST_VALUES", "PACK_HOUR", "RANGE", "samples"]
 
 _HOUR: Final = "interval '1 hour'"
-_UTC_HOUR: Final = "date_bin('1 hour', ts, TIMESTAMPTZ '2000-01-01 00:00:00+00')"
 
 
 def _unpack(blocks: str, where: str) -> str:
-    values = ", ".join(f"b.{v}" for v in HOST_VALUES)
-    return f"""SELECT b.cluster, u.ts, b.node, {", ".join(f"u.{v}" for v in HOST_VALUES)}
-        FROM {blocks} b CROSS JOIN LATERAL unnest(b.sample_ts, {values}) AS u(ts, {", ".join(HOST_VALUES)})
-        {where}"""
+    """Host blocks as rows: ``cluster``, ``ts``, ``node`` and :data:`HOST_VALUES` decoded, the
+    arrays unnested in the select list (see :func:`jobsight.collector.tiers.reads.unpack_samples`)."""
+    row, decoded = unpacking(list(HOST_ENCODINGS.values()))
+    return f"""SELECT cluster, ts, node, {", ".join(decoded)} FROM (
+            SELECT b.cluster, b.node, unnest(b.sample_ts) AS ts, {", ".join(row)} FROM {blocks} b {where}
+        ) unnested"""
 
 
 def samples(*, job: str = "%(job)s", cluster: str = "%(cluster)s", start: str | None = None,
@@ -49,9 +60,7 @@ def samples(*, job: str = "%(job)s", cluster: str = "%(cluster)s", start: str | 
 RANGE: Final = sample_range("host_samples", "host_sample_blocks")
 """First and last host sample of a job over both tiers."""
 
-# Every array of a block is aggregated in the same order, all columns breaking ties, so the
-# arrays stay in step even for two samples of one node at one time.
-_ORDER: Final = ", ".join(["ts", *HOST_VALUES])
+_STORED, _PACKED = pack_columns(HOST_ENCODINGS.values())
 
 PACK_HOUR: Final = f"""
 WITH old AS (
@@ -61,20 +70,25 @@ WITH old AS (
     FROM host_samples WHERE job_id = %(job)s AND ts >= %(hour)s AND ts < %(hour)s + {_HOUR}
     UNION ALL
     {_unpack("old", "")}
+), integers AS (
+    SELECT s.*, {pack_integers(HOST_ENCODINGS.values())} FROM src s
+), bounded AS (
+    SELECT s.*, {pack_window(HOST_ENCODINGS.values())}
+    FROM integers s WINDOW g AS (PARTITION BY s.cluster, s.node ORDER BY {HOST.order}
+                                 ROWS BETWEEN UNBOUNDED PRECEDING AND UNBOUNDED FOLLOWING)
 ), packed AS (
-    SELECT cluster, {_UTC_HOUR} AS hour, node, count(*)::int4 AS samples, min(ts) AS first_ts,
-           max(ts) AS last_ts, array_agg(ts ORDER BY {_ORDER}) AS sample_ts,
-           {", ".join(f"array_agg({v} ORDER BY {_ORDER}) AS {v}" for v in HOST_VALUES)}
-    FROM src GROUP BY cluster, {_UTC_HOUR}, node
+    SELECT s.cluster, s.node, count(*)::int4 AS samples, min(s.ts) AS first_ts, max(s.ts) AS last_ts,
+           array_agg(s.ts ORDER BY {HOST.order}) AS sample_ts, {pack_aggregates(HOST_ENCODINGS.values())}
+    FROM bounded s GROUP BY s.cluster, s.node
 ), new_blocks AS (
     INSERT INTO host_sample_blocks (cluster, job_id, ts, block, node, samples, first_ts, last_ts, sample_ts,
-                                    {", ".join(HOST_VALUES)})
-    SELECT cluster, %(job)s, hour, (row_number() OVER (PARTITION BY cluster, hour ORDER BY node NULLS FIRST))::int4,
-           node, samples, first_ts, last_ts, sample_ts, {", ".join(HOST_VALUES)}
-    FROM packed
+                                    {_STORED})
+    SELECT p.cluster, %(job)s, %(hour)s, (row_number() OVER (PARTITION BY p.cluster ORDER BY p.node NULLS FIRST))::int4,
+           p.node, p.samples, p.first_ts, p.last_ts, p.sample_ts, {_PACKED}
+    FROM packed p
     RETURNING samples
 )
 SELECT coalesce(sum(samples), 0) FROM new_blocks
 """
 """One job-hour of host samples: the raw rows and the hour's blocks (deleted here and packed again
-with them), one block per node."""
+with them), one block per node, in the four steps of the GPU blocks' packing."""

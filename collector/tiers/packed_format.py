@@ -34,14 +34,20 @@ Blocks packed before 0015 kept integers whole (``util_gpu`` int2[], ``power_mw``
 (``legacy``), never written; a late sample merged into such an hour repacks it in planes.
 
 A column whose values are all NULL in a block stores nothing (NULL base and arrays).
+
+Host blocks (``host_sample_blocks``, migration 0016) keep their CPU and memory columns the same
+way (:data:`HOST_ENCODINGS`): ``cpu_util`` in hundredths of a percent (the node daemon rounds it
+so), ``cpu_time_s`` in microseconds (the cgroup's unit), memory in bytes. Their float arrays,
+named as the columns, are both what blocks packed before 0016 have and the fallback.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final
 
-from jobsight.collector.store.schema import PLANES
+from jobsight.collector.store.schema import HOST_PLANES, PLANES, SERIES_KEY, host_samples
 
 ORDER: Final = (
     "s.ts, s.util_gpu, s.util_mem, s.mem_used, s.mem_total, s.power_w, s.energy_j, s.temp_c, s.sm_clock_mhz, "
@@ -63,8 +69,21 @@ BYTE: Final = '"char"'
 
 
 @dataclass(frozen=True)
+class Layout:
+    """What the encodings of one packed table share: ``order``, the SQL order of a block's samples
+    (over the sample ``s``), and ``planes``, the byte planes of each column kept in planes."""
+
+    order: str
+    planes: Mapping[str, int]
+
+
+GPU: Final = Layout(ORDER, PLANES)
+
+
+@dataclass(frozen=True)
 class Encoding:
-    """One ``gpu_samples`` column in ``gpu_sample_blocks``.
+    """One measurement column of a raw table in its blocks (``gpu_samples`` in
+    ``gpu_sample_blocks``, ``host_samples`` in ``host_sample_blocks``).
 
     Packing, in four steps of the compaction pass: ``integer`` is the SQL giving a sample's value
     as the integer its planes hold (over the sample ``s``; NULL where it has none), computed once
@@ -89,20 +108,20 @@ class Encoding:
     legacy: tuple[str, ...] = ()
 
 
-def _ordered(expression: str) -> str:
-    return f"array_agg({expression} ORDER BY {ORDER})"
+def _ordered(expression: str, layout: Layout) -> str:
+    return f"array_agg({expression} ORDER BY {layout.order})"
 
 
 def _unless_all_null(column: str, aggregate: str) -> str:
     return f"CASE WHEN count(s.{column}) > 0 THEN {aggregate} END"
 
 
-def _plain(column: str) -> Encoding:
+def _plain(column: str, layout: Layout = GPU) -> Encoding:
     return Encoding(
         column=column,
         integer=None,
         window=(),
-        aggregates=((column, _unless_all_null(column, _ordered(f"s.{column}"))),),
+        aggregates=((column, _unless_all_null(column, _ordered(f"s.{column}", layout))),),
         stored=(column,),
         packed=(f"p.{column}",),
         arrays=(column,),
@@ -111,8 +130,8 @@ def _plain(column: str) -> Encoding:
     )
 
 
-def _plane_names(column: str) -> list[str]:
-    return [f"{column}_p{k}" for k in range(PLANES[column])]
+def _plane_names(column: str, layout: Layout) -> list[str]:
+    return [f"{column}_p{k}" for k in range(layout.planes[column])]
 
 
 def _block_window(column: str) -> tuple[str, ...]:
@@ -124,7 +143,11 @@ def _block_window(column: str) -> tuple[str, ...]:
             f"count(s.{column}) OVER g = count(*) OVER g AS full_{column}")
 
 
-def _planes(column: str, exact: str) -> tuple[tuple[tuple[str, str], ...], tuple[str, ...], tuple[str, ...]]:
+_Packing = tuple[tuple[tuple[str, str], ...], tuple[str, ...], tuple[str, ...]]
+"""(aggregates, stored, packed) of a column: the parts of :class:`Encoding` that pack it."""
+
+
+def _planes(column: str, exact: str, layout: Layout) -> _Packing:
     """(aggregates, stored, packed) of a column's byte planes, when the block's ``exact`` (SQL) holds.
 
     The block's values XOR its base are aggregated once, in the order every array has (one sort
@@ -133,37 +156,42 @@ def _planes(column: str, exact: str) -> tuple[tuple[tuple[str, str], ...], tuple
     every column, as an aggregate in a CASE is computed whatever the CASE says.)"""
     kept = f"count(s.{column}) > 0 AND {exact}"
     aggregates = (
-        (f"x_{column}", f"CASE WHEN {kept} THEN {_ordered(f'(s.i_{column} # s.lo_{column})')} END"),
+        (f"x_{column}", f"CASE WHEN {kept} THEN {_ordered(f'(s.i_{column} # s.lo_{column})', layout)} END"),
         (f"base_{column}", f"CASE WHEN {kept} THEN min(s.lo_{column}) END"),
         (f"var_{column}", f"min(s.var_{column})"),
         (f"full_{column}", f"bool_and(s.full_{column})"),
     )
     packed = [f"p.base_{column}"]
-    for k in range(PLANES[column]):
+    for k in range(layout.planes[column]):
         # The low plane carries the NULLs; a higher one is stored only if a byte of it is not 0.
         needed = (f"NOT (p.var_{column} = 0 AND p.full_{column})" if k == 0
                   else f"(p.var_{column} >> {8 * k}) & 255 <> 0")
         plane = (f"ARRAY(SELECT (((u.x >> {8 * k}) & 255) - 128)::int4::{BYTE} "
                  f"FROM unnest(p.x_{column}) WITH ORDINALITY u(x, n) ORDER BY u.n)")
         packed.append(f"CASE WHEN p.x_{column} IS NOT NULL AND {needed} THEN {plane} END")
-    return aggregates, (f"{column}_base", *_plane_names(column)), tuple(packed)
+    return aggregates, (f"{column}_base", *_plane_names(column, layout)), tuple(packed)
 
 
-def _planes_decode(column: str) -> tuple[tuple[str, ...], str]:
+def _integer_type(column: str, layout: Layout) -> str:
+    return "int4" if layout.planes[column] == 4 else "int8"
+
+
+def _planes_decode(column: str, layout: Layout) -> tuple[tuple[str, ...], str]:
     """(carried, SQL) giving a column's integer back from its planes; NULL if the block has none."""
-    kind = "int4" if PLANES[column] == 4 else "int8"
+    kind = _integer_type(column, layout)
     parts = [f"(u_{plane}::int4 + 128)::{kind}" + (f" << {8 * k}" if k else "")
-             for k, plane in enumerate(_plane_names(column))]
+             for k, plane in enumerate(_plane_names(column, layout))]
     # A missing higher plane is zeros; a NULL in the low plane is a NULL value.
     bytes_ = " | ".join([parts[0], *(f"coalesce({p}, 0)" for p in parts[1:])])
     carried = (f"b.{column}_base AS b_{column}_base", f"(b.{column}_p0 IS NULL) AS b_{column}_one")
     return carried, f"CASE WHEN b_{column}_one THEN b_{column}_base ELSE b_{column}_base # ({bytes_}) END"
 
 
-def _integers(column: str) -> Encoding:
-    """An integer column (int4 or int8) in byte planes; blocks before 0015 kept it whole."""
-    aggregates, stored, packed = _planes(column, "true")
-    carried, decoded = _planes_decode(column)
+def _integers(column: str, layout: Layout = GPU) -> Encoding:
+    """An integer column (int4 or int8) in byte planes; blocks packed before them kept it whole
+    (an array named as the column)."""
+    aggregates, stored, packed = _planes(column, "true", layout)
+    carried, decoded = _planes_decode(column, layout)
     return Encoding(
         column=column,
         integer=f"s.{column}",
@@ -171,7 +199,7 @@ def _integers(column: str) -> Encoding:
         aggregates=aggregates,
         stored=stored,
         packed=packed,
-        arrays=(*_plane_names(column), column),
+        arrays=(*_plane_names(column, layout), column),
         carried=carried,
         decode=f"coalesce(u_{column}, {decoded})",
         legacy=(column,),
@@ -185,25 +213,29 @@ def _exact(column: str, scale: int | None) -> str:
     return f"bool_and(CASE WHEN s.{column} IS NULL THEN true WHEN s.i_{column} IS NULL THEN false ELSE {kept} END)"
 
 
-def _with_fallback(column: str, exact: str) -> tuple[tuple[tuple[str, str], ...], tuple[str, ...], tuple[str, ...]]:
-    """Byte planes when the block's ``exact`` holds, else the float8 values in ``<column>_f``."""
-    aggregates, stored, packed = _planes(column, exact)
-    fallback = f"{column}_f"
-    floats = f"CASE WHEN count(s.{column}) > 0 AND NOT {exact} THEN {_ordered(f's.{column}')} END"
+def _with_fallback(column: str, exact: str, layout: Layout, fallback: str) -> _Packing:
+    """Byte planes when the block's ``exact`` holds, else the floats as they are in ``fallback``."""
+    aggregates, stored, packed = _planes(column, exact, layout)
+    floats = f"CASE WHEN count(s.{column}) > 0 AND NOT {exact} THEN {_ordered(f's.{column}', layout)} END"
     return (*aggregates, (fallback, floats)), (*stored, fallback), (*packed, f"p.{fallback}")
 
 
-def _scaled(column: str, legacy: str, scale: int, bound: int, *, rounded: bool = False) -> Encoding:
-    """A float column whose values are ``integer / scale``: byte planes of the integers, when
-    every value of the block comes back exactly (or, ``rounded``, fits), else the floats in
-    ``<column>_f``. ``legacy`` is the integer array of blocks packed before 0015."""
-    fallback = f"{column}_f"
+def _scaled(column: str, legacy: str | None, scale: int, bound: int, *, rounded: bool = False,
+            layout: Layout = GPU, fallback: str | None = None) -> Encoding:
+    """A float8 column whose values are ``integer / scale``: byte planes of the integers,
+    when every value of the block comes back exactly (or, ``rounded``, fits), else the floats in
+    ``fallback`` (by default ``<column>_f``). ``legacy`` is the integer array of blocks packed
+    before 0015, if the column had one."""
+    fallback = fallback or f"{column}_f"
+    scaled = f"s.{column}::float8{f' * {scale}' if scale != 1 else ''}"
     integer = (f"CASE WHEN s.{column} BETWEEN {-bound} AND {bound} "
-               f"THEN round(s.{column}{f' * {scale}' if scale != 1 else ''})::int4 END")
+               f"THEN round({scaled})::{_integer_type(column, layout)} END")
     # The test decodes with the reader's expression, so "exact" means bit-for-bit (but for -0.0).
     # BETWEEN also refuses NaN and infinities, which PostgreSQL would otherwise call equal.
-    aggregates, stored, packed = _with_fallback(column, _exact(column, None if rounded else scale))
-    carried, decoded = _planes_decode(column)
+    aggregates, stored, packed = _with_fallback(
+        column, _exact(column, None if rounded else scale), layout, fallback)
+    carried, decoded = _planes_decode(column, layout)
+    integers = f"coalesce(u_{legacy}, {decoded})" if legacy else decoded
     return Encoding(
         column=column,
         integer=integer,
@@ -211,18 +243,18 @@ def _scaled(column: str, legacy: str, scale: int, bound: int, *, rounded: bool =
         aggregates=aggregates,
         stored=stored,
         packed=packed,
-        arrays=(*_plane_names(column), fallback, legacy),
+        arrays=tuple(dict.fromkeys((*_plane_names(column, layout), fallback, *([legacy] if legacy else [])))),
         carried=carried,
-        decode=f"coalesce(u_{fallback}, (coalesce(u_{legacy}, {decoded}))::float8 / {scale})",
-        legacy=(legacy,),
+        decode=f"coalesce(u_{fallback}, ({integers})::float8 / {scale})",
+        legacy=(legacy,) if legacy else (),
     )
 
 
 def _energy() -> Encoding:
     """``energy_j``: byte planes of whole mJ, when every value is whole mJ under 4e12 J. Blocks
     before 0015 kept int4 offsets (``energy_mj``) from a base (``energy_mj_base``)."""
-    aggregates, stored, packed = _with_fallback("energy_j", _exact("energy_j", 1000))
-    carried, decoded = _planes_decode("energy_j")
+    aggregates, stored, packed = _with_fallback("energy_j", _exact("energy_j", 1000), GPU, "energy_j_f")
+    carried, decoded = _planes_decode("energy_j", GPU)
     return Encoding(
         column="energy_j",
         integer=f"({ENERGY_MJ})::int8",
@@ -230,11 +262,46 @@ def _energy() -> Encoding:
         aggregates=aggregates,
         stored=stored,
         packed=packed,
-        arrays=(*_plane_names("energy_j"), "energy_j_f", "energy_mj"),
+        arrays=(*_plane_names("energy_j", GPU), "energy_j_f", "energy_mj"),
         carried=(*carried, "b.energy_mj_base AS b_energy_mj_base"),
         decode=f"coalesce(u_energy_j_f, (coalesce(b_energy_mj_base + u_energy_mj, {decoded}))::float8 / 1000)",
         legacy=("energy_mj_base", "energy_mj"),
     )
+
+
+def _planed(encodings: Iterable[Encoding]) -> list[Encoding]:
+    return [e for e in encodings if e.integer is not None]
+
+
+def pack_integers(encodings: Iterable[Encoding]) -> str:
+    """Packing's first step, SQL for the select list over the samples ``s``: each sample's ``i_<column>``."""
+    return ", ".join(f"{e.integer} AS i_{e.column}" for e in _planed(encodings))
+
+
+def pack_window(encodings: Iterable[Encoding]) -> str:
+    """The second step, over the window ``g`` of a block: what is known of its integers."""
+    return ", ".join(w for e in _planed(encodings) for w in e.window)
+
+
+def pack_aggregates(encodings: Iterable[Encoding]) -> str:
+    """The third step, over the samples ``s`` of a block (GROUP BY): its arrays and bounds."""
+    return ", ".join(f"{sql} AS {name}" for e in encodings for name, sql in e.aggregates)
+
+
+def pack_columns(encodings: Iterable[Encoding]) -> tuple[str, str]:
+    """The last step: (the block's columns to INSERT, their values over the aggregated block ``p``)."""
+    listed = list(encodings)
+    return (", ".join(c for e in listed for c in e.stored), ", ".join(v for e in listed for v in e.packed))
+
+
+def unpacking(encodings: Sequence[Encoding], block: str = "b") -> tuple[list[str], list[str]]:
+    """What reading ``encodings`` takes from each block ``block``: (the select list of the block's row,
+    its arrays unnested as ``u_<array>`` and its carried columns as ``b_<name>``; the decoded values
+    over that row, each named as its column)."""
+    arrays = dict.fromkeys(array for e in encodings for array in e.arrays)
+    carried = dict.fromkeys(c.replace("b.", f"{block}.", 1) for e in encodings for c in e.carried)
+    row = [*carried, *(f"unnest({block}.{a}) AS u_{a}" for a in arrays)]
+    return row, [f"{e.decode} AS {e.column}" for e in encodings]
 
 
 ENCODINGS: Final[dict[str, Encoding]] = {
@@ -271,3 +338,29 @@ ENCODINGS: Final[dict[str, Encoding]] = {
 DEVICE_COLUMNS: Final = ("node", "gpu_index", "gpu_uuid", "gpu_name", "mig_uuid")
 """The ``gpu_samples`` columns a block names through ``gpu_devices``."""
 
+
+HOST_VALUES: Final = tuple(c.name for c in host_samples.columns if c.name not in SERIES_KEY)
+"""The measurements of a host sample (``cpu_util``, ``cpu_time_s``, ``mem_used``, ``mem_limit``,
+the node's ``energy_j`` and where it came from)."""
+
+HOST: Final = Layout(", ".join(f"s.{c}" for c in ("ts", *HOST_VALUES)), HOST_PLANES)
+"""``host_sample_blocks``: every array in the same order, all columns breaking ties, so that the
+arrays stay in step even for two samples of one node at one time."""
+
+HOST_ENCODINGS: Final[dict[str, Encoding]] = {
+    e.column: e
+    for e in (
+        # The agent sends hundredths of a percent; a block with any other value keeps its floats.
+        _scaled("cpu_util", None, 100, 1_000_000, layout=HOST, fallback="cpu_util"),
+        # Seconds from the cgroup's microseconds (cgroup v2) or clock ticks (/proc); v1's ns stay floats.
+        _scaled("cpu_time_s", None, 1_000_000, 9_000_000_000_000, layout=HOST, fallback="cpu_time_s"),
+        _integers("mem_used", HOST),
+        _integers("mem_limit", HOST),
+        _plain("energy_j", HOST),
+        _plain("power_source", HOST),
+        _plain("energy_split", HOST),
+    )
+}
+"""Every measurement column of ``host_samples`` in ``host_sample_blocks`` (migration 0016): the
+CPU's and memory's in byte planes, as the GPU columns; the arrays named as the columns are the
+floats of a block that is not such integers, and every column of the blocks packed before."""

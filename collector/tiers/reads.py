@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from typing import Final
 
 from jobsight.collector.store.schema import MINUTE_KEY, SAMPLE_COUNTS, gpu_minutes
-from jobsight.collector.tiers.packed_format import ENCODINGS
+from jobsight.collector.tiers.packed_format import ENCODINGS, unpacking
 
 SAMPLE_KEY: Final = ("ts", "node", "gpu_index", "gpu_uuid", "gpu_name", "mig_uuid")
 """What every row of :func:`samples` carries besides the measurements asked for."""
@@ -79,15 +79,11 @@ def unpack_samples(
 
     The arrays are unnested in the select list, where set-returning functions run in lockstep
     and row by row: in FROM, each would first be copied into a tuplestore (four times slower)."""
-    encodings = [ENCODINGS[name] for name in columns]
-    arrays = list(dict.fromkeys(array for e in encodings for array in e.arrays))
-    carried = list(dict.fromkeys(c for e in encodings for c in e.carried))
-    unnested = ["unnest(t.sample_ts) AS u_ts", *(f"unnest(b.{a}) AS u_{a}" for a in arrays)]
-    kept = [*(f"b.{c} AS b_{c}" for c in extra), *carried]
-    decoded = [f"{e.decode} AS {e.column}" for e in encodings]
+    row, decoded = unpacking([ENCODINGS[name] for name in columns])
+    kept = [*(f"b.{c} AS b_{c}" for c in extra), "unnest(t.sample_ts) AS u_ts", *row]
     return f"""(
         SELECT u_ts, {", ".join([*(f"b_{c}" for c in extra), *decoded])} FROM (
-            SELECT {", ".join([*kept, *unnested])}
+            SELECT {", ".join(kept)}
             FROM {blocks} b JOIN {timelines} t ON t.job_id = b.job_id AND t.cluster = b.cluster AND t.ts = b.ts
                  AND t.timeline = b.timeline
             {"WHERE " + " AND ".join(where) if where else ""}

@@ -80,6 +80,23 @@ def test_cgroup_v1(tmp_path: Path) -> None:
     assert second is not None and second.mem_limit == 4096 and second.cpu_util == pytest.approx(25.0)
 
 
+def test_readings_at_the_precision_the_packed_tier_keeps(tmp_path: Path) -> None:
+    """CPU seconds in whole microseconds (v1 counts ns) and CPU percent in hundredths: the
+    packed tier keeps such values as integers, any others as floats (4 to 8 times the bytes)."""
+    root = tmp_path / "cgroup"
+    cpu = root / "cpu,cpuacct" / "slurm" / "uid_1000" / "job_78"
+    write(cpu / "cpuacct.usage", "2500000999\n")
+    clock = Clock()
+    sampler = HostSampler(cgroup_root=str(root), clock=clock)
+    first = sampler.sample("78")
+    assert first is not None and first.cpu_time_s == 2.500000
+    write(cpu / "cpuacct.usage", "3500001999\n")
+    clock.now += 3
+    second = sampler.sample("78")
+    assert second is not None and second.cpu_time_s == 3.500001
+    assert second.cpu_util == 33.33  # 1.000001 s in 3 s
+
+
 def proc_stat(pid: int, name: str, utime: int, stime: int) -> str:
     # Fields after the command: state ppid pgrp session tty tpgid flags minflt cminflt majflt cmajflt utime stime ...
     rest = ["S", "1", "1", "1", "0", "-1", "0", "0", "0", "0", "0", str(utime), str(stime)] + ["0"] * 39
