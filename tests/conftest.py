@@ -39,6 +39,16 @@ def create_database(server: EmbeddedPostgres, name: str) -> str:
     return server.url.rsplit("/", 1)[0] + f"/{name}"
 
 
+def own_database(server: EmbeddedPostgres, prefix: str) -> Iterator[str]:
+    """For a fixture to ``yield from``: a database of its own, migrated to head, dropped after."""
+    name = f"{prefix}_{uuid.uuid4().hex[:8]}"
+    url = create_database(server, name)
+    migrate.upgrade(url)
+    yield url
+    with psycopg.connect(server.url.rsplit("/", 1)[0] + "/postgres", autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
+
+
 @pytest.fixture(scope="session")
 def database_url(postgres: EmbeddedPostgres) -> str:
     """A database migrated to head, shared by the session (tests use unique job ids)."""

@@ -28,7 +28,7 @@ from jobsight.collector.tiers import compaction
 from jobsight.collector.tiers.rollup import hourly, merged, rebuild_minutes, upsert_hours, upsert_minutes
 from jobsight.protocol.wire import now_us
 from tests.collector.helpers import gz, post
-from tests.conftest import create_database
+from tests.conftest import own_database
 
 CLUSTER = "default"  # what helpers.gz's envelopes name
 S = 1_000_000
@@ -210,12 +210,7 @@ def conn(database_url: str) -> Iterator[psycopg.Connection[Any]]:
 @pytest.fixture(scope="module")
 def hours_url(postgres: EmbeddedPostgres) -> Iterator[str]:
     """A database of its own: a compaction pass packs every job's closed days."""
-    name = f"hours_{uuid.uuid4().hex[:8]}"
-    url = create_database(postgres, name)
-    migrate.upgrade(url)
-    yield url
-    with psycopg.connect(url.rsplit("/", 1)[0] + "/postgres", autocommit=True) as c:
-        c.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
+    yield from own_database(postgres, "hours")
 
 
 def _long_job(conn: psycopg.Connection[Any], job: str, start: dt.datetime, days: int, gpus: int,

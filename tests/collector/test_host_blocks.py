@@ -18,7 +18,7 @@ from jobsight.collector.store.embedded_db import EmbeddedPostgres
 from jobsight.collector.store.partitions import PartitionKeeper
 from jobsight.collector.tiers import compaction, host_tier
 from jobsight.collector.tiers.packed_format import HOST_ENCODINGS, HOST_VALUES
-from tests.conftest import create_database
+from tests.conftest import own_database
 
 hypothesis = pytest.importorskip("hypothesis", reason="hypothesis is not installed (the dev extra)")
 from hypothesis import HealthCheck, given, settings  # noqa: E402
@@ -32,12 +32,7 @@ INT8 = 2**63
 
 @pytest.fixture(scope="module")
 def url(postgres: EmbeddedPostgres) -> Iterator[str]:
-    name = f"host_{uuid.uuid4().hex[:8]}"
-    url = create_database(postgres, name)
-    migrate.upgrade(url)
-    yield url
-    with psycopg.connect(url.rsplit("/", 1)[0] + "/postgres", autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
+    yield from own_database(postgres, "host")
 
 
 def _pass(conn: psycopg.Connection[Any]) -> None:

@@ -22,7 +22,7 @@ from jobsight.collector.tiers import compaction
 from jobsight.collector.tiers import reads as tiers
 from jobsight.collector.tiers.packed_format import DEVICE_COLUMNS, ENCODINGS
 from jobsight.collector.tiers.rollup import rebuild_minutes
-from tests.conftest import create_database
+from tests.conftest import own_database
 
 hypothesis = pytest.importorskip("hypothesis", reason="hypothesis is not installed (the dev extra)")
 from hypothesis import HealthCheck, given, settings  # noqa: E402
@@ -37,12 +37,7 @@ GPM = ("sm_active", "tensor_active")
 
 @pytest.fixture(scope="module")
 def url(postgres: EmbeddedPostgres) -> Iterator[str]:
-    name = f"packed_{uuid.uuid4().hex[:8]}"
-    url = create_database(postgres, name)
-    migrate.upgrade(url)
-    yield url
-    with psycopg.connect(url.rsplit("/", 1)[0] + "/postgres", autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
+    yield from own_database(postgres, "packed")
 
 
 def _pass(conn: psycopg.Connection[Any]) -> compaction.PassReport:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import datetime as dt
 import time
-import uuid
 from collections import Counter
 from collections.abc import Iterator
 from typing import Any
@@ -17,11 +16,10 @@ import pytest
 from psycopg.rows import dict_row
 
 from jobsight.collector.query import series as queries
-from jobsight.collector.store import migrate
 from jobsight.collector.store.embedded_db import EmbeddedPostgres
 from jobsight.collector.store.partitions import PartitionKeeper
 from jobsight.collector.tiers.rollup import rebuild_minutes
-from tests.conftest import create_database
+from tests.conftest import own_database
 
 GPUS, NODES = 64, 8
 TICKS = 78_125  # × 64 GPUs = 5,000,000 samples at 1 Hz, about 21.7 hours
@@ -59,17 +57,13 @@ def fill_gpu_samples(conn: psycopg.Connection[Any], cluster: str, job: str, star
 @pytest.fixture(scope="module")
 def five_million(postgres: EmbeddedPostgres) -> Iterator[str]:
     """A database of its own, so 5 M rows neither slow nor outlive the other tests."""
-    name = f"scale_{uuid.uuid4().hex[:8]}"
-    url = create_database(postgres, name)
-    migrate.upgrade(url)
-    began = time.monotonic()
-    with psycopg.connect(url, autocommit=True, row_factory=dict_row) as conn:
-        fill_gpu_samples(conn, "default", JOB, START, TICKS)
-        assert conn.execute("SELECT count(*) AS n FROM gpu_samples").fetchone()["n"] == GPUS * TICKS
-    print(f"seeded {GPUS * TICKS:,} samples in {time.monotonic() - began:.1f} s")
-    yield url
-    with psycopg.connect(url.rsplit("/", 1)[0] + "/postgres", autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
+    for url in own_database(postgres, "scale"):
+        began = time.monotonic()
+        with psycopg.connect(url, autocommit=True, row_factory=dict_row) as conn:
+            fill_gpu_samples(conn, "default", JOB, START, TICKS)
+            assert conn.execute("SELECT count(*) AS n FROM gpu_samples").fetchone()["n"] == GPUS * TICKS
+        print(f"seeded {GPUS * TICKS:,} samples in {time.monotonic() - began:.1f} s")
+        yield url
 
 
 @pytest.mark.timeout(600)
