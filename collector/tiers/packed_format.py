@@ -294,13 +294,13 @@ def pack_columns(encodings: Iterable[Encoding]) -> tuple[str, str]:
     return (", ".join(c for e in listed for c in e.stored), ", ".join(v for e in listed for v in e.packed))
 
 
-def unpacking(encodings: Sequence[Encoding], block: str = "b") -> tuple[list[str], list[str]]:
-    """What reading ``encodings`` takes from each block ``block``: (the select list of the block's row,
+def unpacking(encodings: Sequence[Encoding]) -> tuple[list[str], list[str]]:
+    """What reading ``encodings`` takes from each block ``b``: (the select list of the block's row,
     its arrays unnested as ``u_<array>`` and its carried columns as ``b_<name>``; the decoded values
     over that row, each named as its column)."""
     arrays = dict.fromkeys(array for e in encodings for array in e.arrays)
-    carried = dict.fromkeys(c.replace("b.", f"{block}.", 1) for e in encodings for c in e.carried)
-    row = [*carried, *(f"unnest({block}.{a}) AS u_{a}" for a in arrays)]
+    carried = dict.fromkeys(c for e in encodings for c in e.carried)
+    row = [*carried, *(f"unnest(b.{a}) AS u_{a}" for a in arrays)]
     return row, [f"{e.decode} AS {e.column}" for e in encodings]
 
 
