@@ -7,12 +7,13 @@ the WAL each phase writes; and the whole database at steady state for a site's s
 
 An embedded PostgreSQL gets a fresh database per job. The job is built in SQL as the node daemon
 would have sampled it: 8 nodes of 8 GPUs, one tick per second per node (every GPU of a node
-stamped with the node's tick, the tick a few hundred microseconds late), values as NVML gives
-them: whole percents and degrees, power in mW and the energy counter in mJ (as W and J), memory
-in bytes. Values move slowly: utilisation near 100 % with dips, a 60 s checkpoint every 30
+stamped with the node's tick, the tick a few hundred microseconds late), values as the daemon
+sends NVML's (``jobsight.agent.node.precision``): whole percents and degrees, memory in bytes,
+power to 0.1 W, the energy counter (which integrates the sensor's mW) in whole J, PCIe throughput
+in whole MB/s and the GPM ratios to a tenth of a point. Values move slowly: utilisation near 100 % with dips, a 60 s checkpoint every 30
 minutes (GPUs idle, power down), power drifting with noise, temperature creeping, memory stepping
-every 10 minutes, clocks throttled now and then; PCIe throughput and the GPM ratios (H100 only:
-arbitrary doubles) are noisy. The per-minute rollup is built as the ingest path builds it.
+every 10 minutes, clocks throttled now and then; PCIe throughput and the GPM ratios (H100 only)
+are noisy. The per-minute rollup is built as the ingest path builds it.
 
 "All in" is everything each tier keeps on disk: heap, TOAST, indexes (and their free-space and
 visibility maps) of the raw partitions plus the rollups (``gpu_minutes``, ``gpu_hours``), against the packed
@@ -94,14 +95,15 @@ INSERT INTO gpu_samples (cluster, job_id, ts, node, gpu_index, gpu_uuid, gpu_nam
 SELECT %(cluster)s, %(job)s, ts, node, gpu, uuid, 'NVIDIA H100 80GB HBM3', util,
        CASE WHEN busy THEN 35 + floor(random() * 15) ELSE 0 END,
        71303168000 + (gpu * 3 + (t / 600) %% 3) * 2097152, 85520809984,
-       power_mw / 1000.0, (energy0 + sum(power_mw) OVER per_gpu) / 1000.0,
+       round(power_mw / 100.0) / 10, round((energy0 + sum(power_mw) OVER per_gpu) / 1000.0),
        CASE WHEN busy THEN 62 + round(3 * sin(t / 600.0 + gpu)) + (random() < 0.1)::int ELSE 45 END,
        clock, 2619,
-       floor(random() * 50000)::int + CASE WHEN busy THEN 10000 ELSE 0 END,
-       CASE WHEN busy THEN 100000 + floor(random() * 400000)::int ELSE floor(random() * 1000)::int END,
+       round((floor(random() * 50000)::int + CASE WHEN busy THEN 10000 ELSE 0 END) / 1000.0)::int * 1000,
+       round(CASE WHEN busy THEN 100000 + floor(random() * 400000)::int ELSE floor(random() * 1000)::int END
+             / 1000.0)::int * 1000,
        CASE WHEN clock = 1755 THEN 4 ELSE 0 END, 0, 1,
-       CASE WHEN %(gpm)s THEN CASE WHEN busy THEN 70 + 20 * random() ELSE 2 * random() END END,
-       CASE WHEN %(gpm)s THEN CASE WHEN busy THEN 40 + 20 * random() ELSE 0 END END, false
+       CASE WHEN %(gpm)s THEN round(CASE WHEN busy THEN 70 + 20 * random() ELSE 2 * random() END::numeric, 1) END,
+       CASE WHEN %(gpm)s THEN round(CASE WHEN busy THEN 40 + 20 * random() ELSE 0 END::numeric, 1) END, false
 FROM (
     SELECT node, gpu, t, ts, busy, uuid, energy0,
            CASE WHEN busy THEN CASE WHEN random() < 0.75 THEN 100 ELSE 90 + floor(random() * 10) END

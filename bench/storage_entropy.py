@@ -1,7 +1,8 @@
 """What the bench's GPU samples carry: an estimate of the bytes any exact codec must spend.
 
-For each column, at the precision the packed tier keeps it (whole percents and degrees, mW,
-mJ, MHz, KB/s, hundredths of a GPM point), the order-0 entropy of its values and of its
+For each column, at the precision it was sent and the packed tier keeps it (whole percents and
+degrees, MHz, bytes; the node daemon's 0.1 W, whole J, whole MB/s and tenths of a GPM point: a
+column's unit does not change its entropy, only its values do), the order-0 entropy of its values and of its
 first differences along each GPU's series, whichever is smaller: a delta (or plain) coder with
 an ideal entropy coder reaches about that, a context model can beat it on smooth series but not
 on the workload's white noise. Sample times count once per node tick (the GPUs of a node share
@@ -19,7 +20,7 @@ import psycopg
 
 COLUMNS: Final = {
     "util_gpu": "round(util_gpu)::int8", "util_mem": "round(util_mem)::int8", "mem_used": "mem_used",
-    "mem_total": "mem_total", "power_mw": "round(power_w * 1000)::int8", "energy_mj": "round(energy_j * 1000)::int8",
+    "mem_total": "mem_total", "power_w": "round(power_w * 1000)::int8", "energy_j": "round(energy_j * 1000)::int8",
     "temp_c": "round(temp_c)::int8", "sm_clock_mhz": "sm_clock_mhz::int8", "mem_clock_mhz": "mem_clock_mhz::int8",
     "pcie_tx_kbs": "pcie_tx_kbs::int8", "pcie_rx_kbs": "pcie_rx_kbs::int8", "throttle_reasons": "throttle_reasons",
     "ecc_errors": "ecc_errors", "process_count": "process_count::int8", "sm_active": "round(sm_active * 100)::int8",

@@ -30,6 +30,7 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import Any, Self, TypeVar
 
+from jobsight.agent.node import precision
 from jobsight.agent.node.gpu_reading import GpuReading, visible_gpu_indices
 from jobsight.agent.node.nvml_fields import FieldRequest
 from jobsight.protocol.records import GpuEvent
@@ -619,15 +620,17 @@ class NvmlSampler:
         if mem is not None:
             r.mem_used, r.mem_total = int(mem.used), int(mem.total)
         power = q(key, "power", nv.nvmlDeviceGetPowerUsage, h)
-        r.power_w = None if power is None else power / 1000.0
+        r.power_w = None if power is None else precision.watts(power)
         energy = q(key, "energy", nv.nvmlDeviceGetTotalEnergyConsumption, h)
-        r.energy_j = None if energy is None else energy / 1000.0
+        r.energy_j = None if energy is None else precision.joules(energy)
         temp = q(key, "temperature", nv.nvmlDeviceGetTemperature, h, _TEMPERATURE_GPU)
         r.temp_c = None if temp is None else float(temp)
         r.sm_clock_mhz = q(key, "sm_clock", nv.nvmlDeviceGetClockInfo, h, _CLOCK_SM)
         r.mem_clock_mhz = q(key, "mem_clock", nv.nvmlDeviceGetClockInfo, h, _CLOCK_MEM)
-        r.pcie_tx_kbs = q(key, "pcie_tx", nv.nvmlDeviceGetPcieThroughput, h, _PCIE_TX)
-        r.pcie_rx_kbs = q(key, "pcie_rx", nv.nvmlDeviceGetPcieThroughput, h, _PCIE_RX)
+        tx = q(key, "pcie_tx", nv.nvmlDeviceGetPcieThroughput, h, _PCIE_TX)
+        rx = q(key, "pcie_rx", nv.nvmlDeviceGetPcieThroughput, h, _PCIE_RX)
+        r.pcie_tx_kbs = None if tx is None else precision.pcie_kbs(tx)
+        r.pcie_rx_kbs = None if rx is None else precision.pcie_kbs(rx)
         r.throttle_reasons = q(key, "throttle_reasons", self._clock_reasons, h)
         r.ecc_errors = q(
             key,
@@ -715,6 +718,6 @@ def _free_event_set(nv: Any, event_set: Any) -> None:
 
 
 def _percent(value: float) -> float | None:
-    """``value`` kept within 0..100; ``None`` for NaN."""
+    """``value`` kept within 0..100, to a tenth of a point; ``None`` for NaN."""
     number = float(value)
-    return None if number != number else min(100.0, max(0.0, number))
+    return None if number != number else precision.gpm_percent(min(100.0, max(0.0, number)))

@@ -24,6 +24,7 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import Final, Self
 
+from jobsight.agent.node import precision
 from jobsight.agent.node.gpu_reading import GpuReading, visible_gpu_indices
 from jobsight.protocol import throttle
 from jobsight.protocol.records import GpuEvent
@@ -151,11 +152,11 @@ class SimulatedGpus:
         reading.util_mem = round(util * 0.45, 1) if busy else 0.0
         reading.mem_used, reading.mem_total = load.mem_used + 512 * 1024**2, MEMORY_TOTAL  # the driver's own share
         reading.power_w = round(power, 1)
-        reading.energy_j = round(gpu.energy_j, 3)
+        reading.energy_j = float(round(gpu.energy_j))  # as the daemon sends NVML's (precision.py)
         reading.temp_c = float(round(gpu.temp_c))
         reading.sm_clock_mhz, reading.mem_clock_mhz = sm_clock, MEM_CLOCK_MHZ
-        reading.pcie_tx_kbs = int(sm * 180) if busy else 0
-        reading.pcie_rx_kbs = int(sm * 240) if busy else 0
+        reading.pcie_tx_kbs = precision.pcie_kbs(int(sm * 180)) if busy else 0
+        reading.pcie_rx_kbs = precision.pcie_kbs(int(sm * 240)) if busy else 0
         reading.throttle_reasons = reasons
         reading.ecc_errors = 0
         reading.processes = [(pid, share) for pid in load.pids]

@@ -561,6 +561,13 @@ PLANES: dict[str, int] = {
 values kept as int4 (whole percents, degrees, mW, MHz, KB/s), 8 for int8 (bytes, mJ, counters)."""
 
 
+STEPS: dict[str, int] = {"power_w": 100, "energy_j": 1000, "pcie_tx_kbs": 1000, "pcie_rx_kbs": 1000,
+                         "sm_active": 10, "tensor_active": 10}
+"""The ``gpu_samples`` columns a block may keep as quotients (migration 0017), and by what: its
+integers' unit times the step is the precision the node daemon sends (0.1 W of mW, J of mJ, MB/s
+of KB/s, tenths of a GPM point of hundredths). ``<name>_step`` says a block did."""
+
+
 def _byte_planes(name: str, planes: int) -> list[Column[Any]]:
     """``<name>_base`` (int4 or int8) and ``<name>_p0``... one ``"char"[]`` per byte of the value."""
     base = Integer if planes == 4 else BigInteger
@@ -619,6 +626,7 @@ gpu_sample_blocks = Table(
     Column("remap_failure", ARRAY(Boolean)),
     Column("retired_pages_pending", ARRAY(Boolean)),
     *(column for name, planes in PLANES.items() for column in _byte_planes(name, planes)),
+    *(Column(f"{name}_step", SmallInteger) for name in STEPS),
     PrimaryKeyConstraint("job_id", "cluster", "ts", "device"),
     postgresql_partition_by=PARTITION_BY,
 )

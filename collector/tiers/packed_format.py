@@ -23,6 +23,13 @@ whose low bytes are noise, did not compress at all. XOR (not a difference) canno
 every int4 and int8 fits its 4 or 8 planes. A NULL value is NULL in every stored plane; the low
 plane is stored whenever the column is not one value throughout, so that it carries the NULLs.
 
+Steps (migration 0017). The node daemon sends power in 0.1 W, energy in whole J, PCIe in whole
+MB/s and the GPM ratios in tenths (``jobsight.agent.node.precision``): coarser than the columns'
+units. A block whose every value of such a column is a multiple of its step (``schema.STEPS``:
+100 mW, 1000 mJ, 1000 KB/s, 10 hundredths) keeps the quotients in its planes and the step in
+``<name>_step``; the digits that are always zero cost nothing. Any other block keeps the values,
+so a client sending finer values loses nothing.
+
 A float column takes the integers only when *every* value of the block comes back bit-for-bit
 from them (checked in SQL with the very expression that decodes it; NaN, infinities and values
 out of range never do); otherwise the block keeps the column in its float8 ``_f`` twin.
@@ -47,7 +54,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final
 
-from jobsight.collector.store.schema import HOST_PLANES, PLANES, SERIES_KEY, host_samples
+from jobsight.collector.store.schema import HOST_PLANES, PLANES, SERIES_KEY, STEPS, host_samples
 
 ORDER: Final = (
     "s.ts, s.util_gpu, s.util_mem, s.mem_used, s.mem_total, s.power_w, s.energy_j, s.temp_c, s.sm_clock_mhz, "
@@ -134,33 +141,50 @@ def _plane_names(column: str, layout: Layout) -> list[str]:
     return [f"{column}_p{k}" for k in range(layout.planes[column])]
 
 
-def _block_window(column: str) -> tuple[str, ...]:
+def _block_window(column: str, step: int | None = None) -> tuple[str, ...]:
     """What the pass knows of a block's integers before it packs them, over the window ``g`` of
     the block: the least (the base), the bits that vary (OR # AND: a byte is the same in every
-    value where they agree, so its plane would be zeros), and whether no value is NULL."""
+    value where they agree, so its plane would be zeros), and whether no value is NULL. With a
+    ``step``: whether every value is a multiple of it, and the bits that vary in the quotients."""
     i = f"s.i_{column}"
-    return (f"min({i}) OVER g AS lo_{column}", f"bit_or({i}) OVER g # bit_and({i}) OVER g AS var_{column}",
-            f"count(s.{column}) OVER g = count(*) OVER g AS full_{column}")
+    window = (f"min({i}) OVER g AS lo_{column}", f"bit_or({i}) OVER g # bit_and({i}) OVER g AS var_{column}",
+              f"count(s.{column}) OVER g = count(*) OVER g AS full_{column}")
+    if step is None:
+        return window
+    q = f"({i} / {step})"
+    return (*window, f"coalesce(bool_and(mod({i}, {step}) = 0) OVER g, false) AS by_{column}",
+            f"bit_or({q}) OVER g # bit_and({q}) OVER g AS qvar_{column}")
 
 
 _Packing = tuple[tuple[tuple[str, str], ...], tuple[str, ...], tuple[str, ...]]
 """(aggregates, stored, packed) of a column: the parts of :class:`Encoding` that pack it."""
 
 
-def _planes(column: str, exact: str, layout: Layout) -> _Packing:
+def _planes(column: str, exact: str, layout: Layout, step: int | None = None) -> _Packing:
     """(aggregates, stored, packed) of a column's byte planes, when the block's ``exact`` (SQL) holds.
 
     The block's values XOR its base are aggregated once, in the order every array has (one sort
     serves them all); each plane needed is cut from that array: plane k of a sample is byte k,
     shifted to ``"char"``'s -128..127. (Aggregating each plane apart would build every plane of
-    every column, as an aggregate in a CASE is computed whatever the CASE says.)"""
+    every column, as an aggregate in a CASE is computed whatever the CASE says.)
+
+    With a ``step``, a block whose every value is a multiple of it keeps the quotients (and says
+    so in ``<column>_step``): values sent at a coarser precision than the column's unit (0.1 W
+    in mW...) then cost the bits they have, not the unit's; any other block keeps the values."""
     kept = f"count(s.{column}) > 0 AND {exact}"
-    aggregates = (
-        (f"x_{column}", f"CASE WHEN {kept} THEN {_ordered(f'(s.i_{column} # s.lo_{column})', layout)} END"),
-        (f"base_{column}", f"CASE WHEN {kept} THEN min(s.lo_{column}) END"),
-        (f"var_{column}", f"min(s.var_{column})"),
+    i, lo, var = f"s.i_{column}", f"s.lo_{column}", f"s.var_{column}"
+    if step is not None:
+        by = f"s.by_{column}"
+        i, lo = f"CASE WHEN {by} THEN {i} / {step} ELSE {i} END", f"CASE WHEN {by} THEN {lo} / {step} ELSE {lo} END"
+        var = f"CASE WHEN {by} THEN s.qvar_{column} ELSE {var} END"
+    aggregates: tuple[tuple[str, str], ...] = (
+        (f"x_{column}", f"CASE WHEN {kept} THEN {_ordered(f'(({i}) # ({lo}))', layout)} END"),
+        (f"base_{column}", f"CASE WHEN {kept} THEN min({lo}) END"),
+        (f"var_{column}", f"min({var})"),
         (f"full_{column}", f"bool_and(s.full_{column})"),
     )
+    if step is not None:
+        aggregates = (*aggregates, (f"step_{column}", f"CASE WHEN {kept} AND bool_and(s.by_{column}) THEN {step} END"))
     packed = [f"p.base_{column}"]
     for k in range(layout.planes[column]):
         # The low plane carries the NULLs; a higher one is stored only if a byte of it is not 0.
@@ -169,14 +193,17 @@ def _planes(column: str, exact: str, layout: Layout) -> _Packing:
         plane = (f"ARRAY(SELECT (((u.x >> {8 * k}) & 255) - 128)::int4::{BYTE} "
                  f"FROM unnest(p.x_{column}) WITH ORDINALITY u(x, n) ORDER BY u.n)")
         packed.append(f"CASE WHEN p.x_{column} IS NOT NULL AND {needed} THEN {plane} END")
-    return aggregates, (f"{column}_base", *_plane_names(column, layout)), tuple(packed)
+    stored = (f"{column}_base", *_plane_names(column, layout))
+    if step is None:
+        return aggregates, stored, tuple(packed)
+    return aggregates, (*stored, f"{column}_step"), (*packed, f"p.step_{column}")
 
 
 def _integer_type(column: str, layout: Layout) -> str:
     return "int4" if layout.planes[column] == 4 else "int8"
 
 
-def _planes_decode(column: str, layout: Layout) -> tuple[tuple[str, ...], str]:
+def _planes_decode(column: str, layout: Layout, step: int | None = None) -> tuple[tuple[str, ...], str]:
     """(carried, SQL) giving a column's integer back from its planes; NULL if the block has none."""
     kind = _integer_type(column, layout)
     parts = [f"(u_{plane}::int4 + 128)::{kind}" + (f" << {8 * k}" if k else "")
@@ -184,18 +211,23 @@ def _planes_decode(column: str, layout: Layout) -> tuple[tuple[str, ...], str]:
     # A missing higher plane is zeros; a NULL in the low plane is a NULL value.
     bytes_ = " | ".join([parts[0], *(f"coalesce({p}, 0)" for p in parts[1:])])
     carried = (f"b.{column}_base AS b_{column}_base", f"(b.{column}_p0 IS NULL) AS b_{column}_one")
-    return carried, f"CASE WHEN b_{column}_one THEN b_{column}_base ELSE b_{column}_base # ({bytes_}) END"
+    decoded = f"CASE WHEN b_{column}_one THEN b_{column}_base ELSE b_{column}_base # ({bytes_}) END"
+    if step is None:
+        return carried, decoded
+    # A quotient times the step is the value it was, so it fits the column's type.
+    return (*carried, f"b.{column}_step AS b_{column}_step"), f"(({decoded}) * coalesce(b_{column}_step, 1))"
 
 
-def _integers(column: str, layout: Layout = GPU) -> Encoding:
-    """An integer column (int4 or int8) in byte planes; blocks packed before them kept it whole
-    (an array named as the column)."""
-    aggregates, stored, packed = _planes(column, "true", layout)
-    carried, decoded = _planes_decode(column, layout)
+def _integers(column: str, layout: Layout = GPU, step: int | None = None) -> Encoding:
+    """An integer column (int4 or int8) in byte planes (the quotients by ``step`` when every value
+    of the block is a multiple of it); blocks packed before them kept it whole (an array named as
+    the column)."""
+    aggregates, stored, packed = _planes(column, "true", layout, step)
+    carried, decoded = _planes_decode(column, layout, step)
     return Encoding(
         column=column,
         integer=f"s.{column}",
-        window=_block_window(column),
+        window=_block_window(column, step),
         aggregates=aggregates,
         stored=stored,
         packed=packed,
@@ -213,19 +245,20 @@ def _exact(column: str, scale: int | None) -> str:
     return f"bool_and(CASE WHEN s.{column} IS NULL THEN true WHEN s.i_{column} IS NULL THEN false ELSE {kept} END)"
 
 
-def _with_fallback(column: str, exact: str, layout: Layout, fallback: str) -> _Packing:
+def _with_fallback(column: str, exact: str, layout: Layout, fallback: str, step: int | None = None) -> _Packing:
     """Byte planes when the block's ``exact`` holds, else the floats as they are in ``fallback``."""
-    aggregates, stored, packed = _planes(column, exact, layout)
+    aggregates, stored, packed = _planes(column, exact, layout, step)
     floats = f"CASE WHEN count(s.{column}) > 0 AND NOT {exact} THEN {_ordered(f's.{column}', layout)} END"
     return (*aggregates, (fallback, floats)), (*stored, fallback), (*packed, f"p.{fallback}")
 
 
 def _scaled(column: str, legacy: str | None, scale: int, bound: int, *, rounded: bool = False,
-            layout: Layout = GPU, fallback: str | None = None) -> Encoding:
-    """A float8 column whose values are ``integer / scale``: byte planes of the integers,
-    when every value of the block comes back exactly (or, ``rounded``, fits), else the floats in
-    ``fallback`` (by default ``<column>_f``). ``legacy`` is the integer array of blocks packed
-    before 0015, if the column had one."""
+            layout: Layout = GPU, fallback: str | None = None, step: int | None = None) -> Encoding:
+    """A float8 column whose values are ``integer / scale``: byte planes of the integers (of their
+    quotients by ``step`` when every one is a multiple of it), when every value of the block
+    comes back exactly (or, ``rounded``, fits), else the floats in ``fallback`` (by default
+    ``<column>_f``). ``legacy`` is the integer array of blocks packed before 0015, if the column
+    had one."""
     fallback = fallback or f"{column}_f"
     scaled = f"s.{column}::float8{f' * {scale}' if scale != 1 else ''}"
     integer = (f"CASE WHEN s.{column} BETWEEN {-bound} AND {bound} "
@@ -233,13 +266,13 @@ def _scaled(column: str, legacy: str | None, scale: int, bound: int, *, rounded:
     # The test decodes with the reader's expression, so "exact" means bit-for-bit (but for -0.0).
     # BETWEEN also refuses NaN and infinities, which PostgreSQL would otherwise call equal.
     aggregates, stored, packed = _with_fallback(
-        column, _exact(column, None if rounded else scale), layout, fallback)
-    carried, decoded = _planes_decode(column, layout)
+        column, _exact(column, None if rounded else scale), layout, fallback, step)
+    carried, decoded = _planes_decode(column, layout, step)
     integers = f"coalesce(u_{legacy}, {decoded})" if legacy else decoded
     return Encoding(
         column=column,
         integer=integer,
-        window=_block_window(column),
+        window=_block_window(column, step),
         aggregates=aggregates,
         stored=stored,
         packed=packed,
@@ -253,12 +286,13 @@ def _scaled(column: str, legacy: str | None, scale: int, bound: int, *, rounded:
 def _energy() -> Encoding:
     """``energy_j``: byte planes of whole mJ, when every value is whole mJ under 4e12 J. Blocks
     before 0015 kept int4 offsets (``energy_mj``) from a base (``energy_mj_base``)."""
-    aggregates, stored, packed = _with_fallback("energy_j", _exact("energy_j", 1000), GPU, "energy_j_f")
-    carried, decoded = _planes_decode("energy_j", GPU)
+    step = STEPS["energy_j"]
+    aggregates, stored, packed = _with_fallback("energy_j", _exact("energy_j", 1000), GPU, "energy_j_f", step)
+    carried, decoded = _planes_decode("energy_j", GPU, step)
     return Encoding(
         column="energy_j",
         integer=f"({ENERGY_MJ})::int8",
-        window=_block_window("energy_j"),
+        window=_block_window("energy_j", step),
         aggregates=aggregates,
         stored=stored,
         packed=packed,
@@ -311,18 +345,18 @@ ENCODINGS: Final[dict[str, Encoding]] = {
         _scaled("util_mem", "util_mem", 1, 32767),
         _integers("mem_used"),
         _integers("mem_total"),
-        _scaled("power_w", "power_mw", 1000, 2_000_000),
+        _scaled("power_w", "power_mw", 1000, 2_000_000, step=STEPS["power_w"]),
         _energy(),
         _scaled("temp_c", "temp_c", 1, 32767),
         _integers("sm_clock_mhz"),
         _integers("mem_clock_mhz"),
-        _integers("pcie_tx_kbs"),
-        _integers("pcie_rx_kbs"),
+        _integers("pcie_tx_kbs", step=STEPS["pcie_tx_kbs"]),
+        _integers("pcie_rx_kbs", step=STEPS["pcie_rx_kbs"]),
         _integers("throttle_reasons"),
         _integers("ecc_errors"),
         _integers("process_count"),
-        _scaled("sm_active", "sm_active", 100, 327, rounded=True),
-        _scaled("tensor_active", "tensor_active", 100, 327, rounded=True),
+        _scaled("sm_active", "sm_active", 100, 327, rounded=True, step=STEPS["sm_active"]),
+        _scaled("tensor_active", "tensor_active", 100, 327, rounded=True, step=STEPS["tensor_active"]),
         _plain("lost"),
         _integers("nvlink_crc_errors"),
         _integers("nvlink_replay_errors"),

@@ -247,20 +247,31 @@ def _near(base: Any, spread: Any, scale: int = 1) -> Any:
     return st.one_of(st.none(), spread.map(lambda d: (base + d) / scale if scale != 1 else base + d))
 
 
+def _stepped(name: str, scale: int = 1) -> Any:
+    """Multiples of the column's step (what the node daemon sends; kept as quotients), around a base."""
+    step = schema.STEPS[name]
+    return st.integers(-(2**31) // step, 2**31 // step).flatmap(
+        lambda base: _near(base * step, st.integers(-300, 300).map(lambda d: d * step), scale).filter(
+            lambda v: v is None or -(2**31) <= v * scale < 2**31))
+
+
 def _column(name: str) -> Any:
     if name in INT4 or name in INT8:
         bits = 31 if name in INT4 else 63
         anywhere = st.integers(-(2**bits), 2**bits - 1)
-        return anywhere.flatmap(lambda base: _near(base, st.integers(-300, 300)).filter(
-            lambda v: v is None or -(2**bits) <= v < 2**bits) | anywhere)
+        near = anywhere.flatmap(lambda base: _near(base, st.integers(-300, 300)).filter(
+            lambda v: v is None or -(2**bits) <= v < 2**bits)) | anywhere
+        return near | _stepped(name) if name in schema.STEPS else near
     if name in BOOLS:
         return st.one_of(st.none(), st.booleans())
     if name in GPM:
-        return st.one_of(st.none(), st.floats(-400, 400, allow_nan=False), st.just(float("nan")))
+        tenths = st.integers(-3270, 3270).map(lambda k: k / 10)  # the daemon's (kept as quotients)
+        return st.one_of(st.none(), st.floats(-400, 400, allow_nan=False), st.just(float("nan")), tenths)
     scale = FLOATS[name]
     # Whole units of the source's precision (kept in planes), and any float (kept as float8).
     whole = st.integers(-(2**31) // scale, 2**31 // scale).flatmap(
         lambda base: _near(base * scale, st.integers(-5000, 5000), scale))
+    whole = whole | _stepped(name, scale) if name in schema.STEPS else whole
     return st.one_of(whole, st.floats(allow_nan=True, allow_infinity=True).filter(lambda v: v != 0 or
                                                                                     str(v) == "0.0"))
 
@@ -331,4 +342,79 @@ def test_blocks_packed_before_byte_planes_read_alike(empty_database_url: str) ->
             "SELECT util_gpu IS NULL AND power_mw IS NULL AND util_gpu_base IS NOT NULL AS planes"
             " FROM gpu_sample_blocks b JOIN gpu_devices d ON d.id = b.device WHERE d.node = 'n2'").fetchall()
         assert repacked == [{"planes": True}]
+        assert sorted(map(_key, _both(conn, job))) == with_late
+
+
+def _daemon_series(ticks: int) -> list[dict[str, Any]]:
+    """A GPU's samples at the precision the node daemon sends them (agent/node/precision.py)."""
+    return [{"util_gpu": 90.0 + i % 7, "power_w": 600 + (i * 37 % 101) / 10, "energy_j": 1e6 + i * 600.0 + i % 3,
+             "pcie_tx_kbs": i * 7919 % 400 * 1000, "pcie_rx_kbs": None if i % 9 == 0 else 25_000_000 - i * 1000,
+             "sm_active": 70 + i % 19 / 10, "tensor_active": 40.5, "mem_used": 2**36 + i * 4096}
+            for i in range(ticks)]
+
+
+def _steps(conn: psycopg.Connection[Any], job: str) -> dict[str | None, dict[str, Any]]:
+    """Each node's block: its steps and the bytes of its power planes."""
+    power = " + ".join(f"coalesce(pg_column_size(b.power_w_p{k}), 0)" for k in range(schema.PLANES["power_w"]))
+    rows = conn.execute(
+        f"SELECT d.node, {', '.join(f'b.{c}_step' for c in schema.STEPS)}, {power} AS power_bytes"
+        " FROM gpu_sample_blocks b JOIN gpu_devices d ON d.id = b.device WHERE b.job_id = %s", (job,)).fetchall()
+    return {row.pop("node"): row for row in rows}
+
+
+def test_values_at_the_daemons_precision_keep_quotients(url: str) -> None:
+    """A block whose every value of a column is a multiple of its step keeps the quotients (fewer
+    bytes) and reads back the same; one value off the step and the block keeps the values."""
+    job = f"steps-{uuid.uuid4().hex[:8]}"
+    series = _daemon_series(600)
+    off = [dict(row) for row in series]
+    off[300].update(power_w=600.123, energy_j=1e6 + 0.5, pcie_tx_kbs=1, sm_active=70.25)
+    with psycopg.connect(url, autocommit=True, row_factory=dict_row) as conn:
+        keeper = PartitionKeeper()
+        keeper.ensure(conn, "gpu_samples", [DAY])
+        keeper.ensure(conn, "gpu_minutes", [DAY])
+        _insert(conn, job, series, "daemon")
+        _insert(conn, job, off, "off")
+        before = sorted(_raw(conn, job), key=lambda r: (r["node"], r["ts"]))
+        _pass(conn)
+        after = sorted(_both(conn, job), key=lambda r: (r["node"], r["ts"]))
+        blocks = _steps(conn, job)
+    assert len(after) == len(before)
+    for kept, was in zip(after, before, strict=True):
+        for column in (*tiers.SAMPLE_KEY, *MEASURES):
+            assert _same(kept[column], was[column], column), (column, was[column], kept[column])
+    assert {c: blocks["daemon"][f"{c}_step"] for c in schema.STEPS} == schema.STEPS
+    assert {c: blocks["off"][f"{c}_step"] for c in schema.STEPS} == {
+        c: None if c in ("power_w", "energy_j", "pcie_tx_kbs", "sm_active") else step
+        for c, step in schema.STEPS.items()}
+    assert blocks["daemon"]["power_bytes"] < blocks["off"]["power_bytes"]
+
+
+def test_blocks_packed_before_steps_read_alike(empty_database_url: str) -> None:
+    """Downgrading 0017 writes a stepped block's values whole into the arrays of 0004, which every
+    later version reads; they read alike, and a late sample repacks their hour with steps."""
+    url = empty_database_url
+    job = f"unstepped-{uuid.uuid4().hex[:8]}"
+    migrate.upgrade(url)
+    with psycopg.connect(url, autocommit=True, row_factory=dict_row) as conn:
+        keeper = PartitionKeeper()
+        keeper.ensure(conn, "gpu_samples", [DAY])
+        keeper.ensure(conn, "gpu_minutes", [DAY])
+        _insert(conn, job, _daemon_series(200), "n1")
+        before = sorted(map(_key, _raw(conn, job)))
+        _pass(conn)
+        assert _steps(conn, job)["n1"]["power_w_step"] == schema.STEPS["power_w"]
+    migrate.downgrade(url, "0016")
+    migrate.upgrade(url)
+    with psycopg.connect(url, autocommit=True, row_factory=dict_row) as conn:
+        kinds = conn.execute(
+            "SELECT power_mw IS NOT NULL AND power_w_base IS NULL AND energy_j_f IS NOT NULL"
+            " AND pcie_tx_kbs IS NOT NULL AND sm_active IS NOT NULL AS whole FROM gpu_sample_blocks").fetchall()
+        assert kinds == [{"whole": True}]
+        assert sorted(map(_key, _both(conn, job))) == before
+        PartitionKeeper().ensure(conn, "gpu_samples", [DAY])
+        _insert(conn, job, _daemon_series(1), "n1", at=T0 + dt.timedelta(seconds=0.5))
+        with_late = sorted([*before, *map(_key, _raw(conn, job))])
+        _pass(conn)
+        assert _steps(conn, job)["n1"]["power_w_step"] == schema.STEPS["power_w"]
         assert sorted(map(_key, _both(conn, job))) == with_late

@@ -105,7 +105,7 @@ def expected_gpu(index: int, row: tuple[Any, ...]) -> None:
     assert gpu_index == index
     assert uuid == f"GPU-{index}0000000-aaaa-bbbb-cccc-00000000000{index}"
     assert util in ({11.0, 22.0, 33.0} if index == 1 else {10.0 * (index + 1)})
-    assert power == pytest.approx(100.123 + 50 * index)
+    assert power == pytest.approx(100.1 + 50 * index)  # 100123 mW to 0.1 W
     assert mem_used == (index + 1) * 10 * GiB
     assert temp == 40.0 + index
 

@@ -89,8 +89,8 @@ def test_four_gpus_read_back_exactly(sampler_for: Factory) -> None:
         util_mem=15.0,
         mem_used=30 * GiB,
         mem_total=85520809984,
-        power_w=200.123,
-        energy_j=123456789.014,
+        power_w=200.1,  # 200123 mW, sent to 0.1 W (agent/node/precision.py)
+        energy_j=123456789.0,  # mJ, sent as whole J
         temp_c=42.0,
         sm_clock_mhz=1978,
         mem_clock_mhz=2619,
@@ -106,7 +106,7 @@ def test_four_gpus_read_back_exactly(sampler_for: Factory) -> None:
     )
     for i, r in enumerate(readings):
         assert r.gpu_uuid == f"GPU-{i}0000000-aaaa-bbbb-cccc-00000000000{i}"
-        assert r.power_w == pytest.approx(100.123 + 50 * i)
+        assert r.power_w == pytest.approx(100.1 + 50 * i)
         assert r.mem_used == (i + 1) * 10 * GiB
         assert r.temp_c == 40.0 + i
         assert not r.lost
@@ -153,9 +153,9 @@ def test_to_record_is_a_valid_gpu_sample(sampler_for: Factory) -> None:
 def test_power_not_supported_loses_only_that_field(sampler_for: Factory) -> None:
     good, bad, other = sampler_for("power_not_supported").sample()
     assert bad.power_w is None
-    assert bad.energy_j == 123456789.013
+    assert bad.energy_j == 123456789.0
     assert bad.util_gpu == 20.0 and bad.temp_c == 41.0 and bad.mem_used == 20 * GiB
-    assert good.power_w == 100.123 and other.power_w == 200.123
+    assert good.power_w == 100.1 and other.power_w == 200.1
     assert not bad.lost
 
 
@@ -181,7 +181,7 @@ def test_gpu_lost_mid_run(sampler_for: Factory, fake_library: Path) -> None:
     assert lost.gpu_index == 1 and lost.gpu_uuid == tick1[1].gpu_uuid
     measured = {k: v for k, v in lost.to_record().items() if k not in ("gpu_index", "gpu_uuid", "gpu_name", "lost")}
     assert all(v is None for v in measured.values()), measured
-    assert tick2[0].util_gpu == 10.0 and tick2[2].power_w == 200.123
+    assert tick2[0].util_gpu == 10.0 and tick2[2].power_w == 200.1
 
     calls = _device_calls(fake_library, 1)
     tick3 = sampler.sample()
@@ -199,7 +199,7 @@ def test_mig_devices_are_rows_of_their_own(sampler_for: Factory) -> None:
     ]
     parent, mig1, mig2, plain = readings
     assert parent.util_gpu is None  # a GPU in MIG mode reports no utilisation
-    assert parent.power_w == 100.123 and parent.mem_total == 85520809984
+    assert parent.power_w == 100.1 and parent.mem_total == 85520809984
     assert mig1.gpu_uuid == parent.gpu_uuid and mig1.gpu_name == "NVIDIA A100-SXM4-80GB"
     assert (mig1.mem_used, mig1.mem_total) == (1 * GiB, 10 * GiB)
     assert mig1.processes == [(4242, 512 * 1024**2)] and mig1.process_count == 1
@@ -296,7 +296,7 @@ def test_gpm_activity_between_ticks(sampler_for: Factory, fake_library: Path) ->
     ticks = [sampler.sample() for _ in range(4)]
     # The first tick has no interval yet; then each tick reads the values at its own tick.
     assert [t[0].sm_active for t in ticks] == [None, 60.0, 70.5, 70.5]
-    assert [t[0].tensor_active for t in ticks] == [None, 20.0, 30.25, 30.25]
+    assert [t[0].tensor_active for t in ticks] == [None, 20.0, 30.2, 30.2]  # 30.25 to a tenth
     assert all(t[1].sm_active is None and t[1].tensor_active is None for t in ticks)  # no GPM there
     assert [t[2].sm_active for t in ticks] == [None, 2.0, None, None]
     assert [t[2].lost for t in ticks] == [False, False, True, True]

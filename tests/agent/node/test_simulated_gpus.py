@@ -81,7 +81,7 @@ def test_readings_follow_the_load_and_pass_the_wire_checks() -> None:
     # The energy counter integrates the power it reports, as NVML's does (1 s between readings).
     steps = [b - a for a, b in zip(energies, energies[1:], strict=False)]
     expected = [(a + b) / 2 for a, b in zip(powers, powers[1:], strict=False)]
-    assert steps == pytest.approx(expected, abs=0.1)
+    assert steps == pytest.approx(expected, abs=1.1)  # each end sent as whole J (precision.py)
 
 
 def test_visible_devices_map_as_nvmls_do() -> None:
