@@ -81,6 +81,13 @@ ODD = [
 ]
 
 
+def _partitions(conn: psycopg.Connection[Any], days: list[dt.date]) -> None:
+    """The raw tier's partitions of ``days`` (a pass drops a packed day's)."""
+    keeper = PartitionKeeper()
+    keeper.ensure(conn, "gpu_samples", days)
+    keeper.ensure(conn, "gpu_minutes", days)
+
+
 def _insert(conn: psycopg.Connection[Any], job: str, rows: list[dict[str, Any]], node: str | None,
             mig: str | None = None, name: str | None = "NVIDIA A100", at: dt.datetime = T0) -> None:
     for i, values in enumerate(rows):
@@ -111,10 +118,8 @@ def test_every_value_comes_back(url: str) -> None:
     """Every column of every sample, NULLs and extremes included, comes back bit for bit from the
     packed tier (the GPM ratios: to the nearest hundredth of a point)."""
     job = f"edges-{uuid.uuid4().hex[:8]}"
-    keeper = PartitionKeeper()
     with psycopg.connect(url, autocommit=True, row_factory=dict_row) as conn:
-        keeper.ensure(conn, "gpu_samples", [DAY])
-        keeper.ensure(conn, "gpu_minutes", [DAY])
+        _partitions(conn, [DAY])
         _insert(conn, job, EDGES, "n1")
         _insert(conn, job, ODD, "n1", mig="MIG-1")  # another device: its own block and fallbacks
         _insert(conn, job, EDGES[:1], None, name=None)  # no node, no name, and one time twice
@@ -148,10 +153,7 @@ GPUS, NODES, STEP_S = 64, 8, 30
 
 
 def _long_job(conn: psycopg.Connection[Any], job: str, start: dt.datetime) -> None:
-    keeper = PartitionKeeper()
-    days = [start.date(), start.date() + dt.timedelta(days=1)]
-    keeper.ensure(conn, "gpu_samples", days)
-    keeper.ensure(conn, "gpu_minutes", days)
+    _partitions(conn, [start.date(), start.date() + dt.timedelta(days=1)])
     conn.execute(
         """INSERT INTO gpu_samples (cluster, job_id, ts, node, gpu_index, gpu_uuid, util_gpu, mem_used, power_w,
                                     energy_j, temp_c)
@@ -293,9 +295,7 @@ def test_random_series_come_back(url: str, series: list[dict[str, Any]]) -> None
     packed tier as it was stored (the GPM ratios to the nearest hundredth)."""
     job = f"prop-{uuid.uuid4().hex[:8]}"
     with psycopg.connect(url, autocommit=True, row_factory=dict_row) as conn:
-        keeper = PartitionKeeper()
-        keeper.ensure(conn, "gpu_samples", [DAY])
-        keeper.ensure(conn, "gpu_minutes", [DAY])
+        _partitions(conn, [DAY])
         _insert(conn, job, series, "n1")
         before = sorted(_raw(conn, job), key=lambda r: r["ts"])
         _pass(conn)
@@ -315,9 +315,7 @@ def test_blocks_packed_before_byte_planes_read_alike(empty_database_url: str) ->
     job = f"legacy-{uuid.uuid4().hex[:8]}"
     migrate.upgrade(url)
     with psycopg.connect(url, autocommit=True, row_factory=dict_row) as conn:
-        keeper = PartitionKeeper()
-        keeper.ensure(conn, "gpu_samples", [DAY])
-        keeper.ensure(conn, "gpu_minutes", [DAY])
+        _partitions(conn, [DAY])
         _insert(conn, job, EDGES, "n1")
         _insert(conn, job, ODD, "n1", mig="MIG-1")
         _insert(conn, job, [{"util_gpu": 90.0 + i % 7, "power_w": 600 + i * 0.125, "energy_j": 1e6 + i * 600.5,
@@ -370,9 +368,7 @@ def test_values_at_the_daemons_precision_keep_quotients(url: str) -> None:
     off = [dict(row) for row in series]
     off[300].update(power_w=600.123, energy_j=1e6 + 0.5, pcie_tx_kbs=1, sm_active=70.25)
     with psycopg.connect(url, autocommit=True, row_factory=dict_row) as conn:
-        keeper = PartitionKeeper()
-        keeper.ensure(conn, "gpu_samples", [DAY])
-        keeper.ensure(conn, "gpu_minutes", [DAY])
+        _partitions(conn, [DAY])
         _insert(conn, job, series, "daemon")
         _insert(conn, job, off, "off")
         before = sorted(_raw(conn, job), key=lambda r: (r["node"], r["ts"]))
@@ -397,9 +393,7 @@ def test_blocks_packed_before_steps_read_alike(empty_database_url: str) -> None:
     job = f"unstepped-{uuid.uuid4().hex[:8]}"
     migrate.upgrade(url)
     with psycopg.connect(url, autocommit=True, row_factory=dict_row) as conn:
-        keeper = PartitionKeeper()
-        keeper.ensure(conn, "gpu_samples", [DAY])
-        keeper.ensure(conn, "gpu_minutes", [DAY])
+        _partitions(conn, [DAY])
         _insert(conn, job, _daemon_series(200), "n1")
         before = sorted(map(_key, _raw(conn, job)))
         _pass(conn)
