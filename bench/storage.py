@@ -10,10 +10,10 @@ would have sampled it: 8 nodes of 8 GPUs, one tick per second per node (every GP
 stamped with the node's tick, the tick a few hundred microseconds late), values as the daemon
 sends NVML's (``jobsight.agent.node.precision``): whole percents and degrees, memory in bytes,
 power to 0.1 W, the energy counter (which integrates the sensor's mW) in whole J, PCIe throughput
-in whole MB/s and the GPM ratios to a tenth of a point. Values move slowly: utilisation near 100 % with dips, a 60 s checkpoint every 30
-minutes (GPUs idle, power down), power drifting with noise, temperature creeping, memory stepping
-every 10 minutes, clocks throttled now and then; PCIe throughput and the GPM ratios (H100 only)
-are noisy. The per-minute rollup is built as the ingest path builds it.
+in whole MB/s and the GPM ratios to a tenth of a point. Values move slowly: utilisation near 100 %
+with dips, a 60 s checkpoint every 30 minutes (GPUs idle, power down), power drifting with noise,
+temperature creeping, memory stepping every 10 minutes, clocks throttled now and then; PCIe
+throughput and the GPM ratios (H100 only) are noisy. The per-minute rollup is built as the ingest path builds it.
 
 "All in" is everything each tier keeps on disk: heap, TOAST, indexes (and their free-space and
 visibility maps) of the raw partitions plus the rollups (``gpu_minutes``, ``gpu_hours``), against the packed
@@ -82,6 +82,7 @@ from jobsight.collector.store.embedded_db import EmbeddedPostgres  # noqa: E402
 from jobsight.collector.store.partitions import PartitionKeeper  # noqa: E402
 from jobsight.collector.tiers import compaction  # noqa: E402
 from jobsight.collector.tiers.rollup import rebuild_minutes  # noqa: E402
+from jobsight.collector.tiers.time_planes import TIME_PLANES  # noqa: E402
 
 START = dt.datetime(2024, 6, 3, tzinfo=dt.UTC)
 JOB, CLUSTER = "8675309", "default"
@@ -281,7 +282,8 @@ def column_bytes(conn: psycopg.Connection[Any], samples: int) -> str:
     totals = conn.execute(
         f"SELECT {', '.join(f'coalesce(sum(pg_column_size({n})), 0) AS {n}' for n in names)} FROM gpu_sample_blocks"
     ).fetchone()
-    timeline = conn.execute("SELECT sum(pg_column_size(sample_ts)) AS n FROM gpu_sample_timelines").fetchone()
+    times = " + ".join(f"coalesce(pg_column_size({c}), 0)" for c in ("sample_ts", *TIME_PLANES))
+    timeline = conn.execute(f"SELECT sum({times}) AS n FROM gpu_sample_timelines").fetchone()
     assert totals is not None and timeline is not None
     # A column's byte planes (<name>_p0, _p1...) are summed, with how many were stored.
     by_column: dict[str, list[int]] = {"sample_ts": [int(timeline["n"]), 0]}

@@ -536,6 +536,20 @@ gpu_devices = Table(
     Index(None, "gpu_uuid", "gpu_index"),
 )
 
+SECOND_PLANES = 2
+"""Bytes of a packed sample's seconds into its block's hour (0..3599)."""
+MICRO_PLANES = 3
+"""Bytes of its microseconds into the second (0..999999)."""
+
+
+def _time_planes() -> list[Column[Any]]:
+    """A packed block's sample times (collector/tiers/time_planes.py): since migration 0018 the
+    seconds into its hour and the microseconds into the second as byte planes, ``sample_ts`` NULL;
+    before, and for times outside the hour, the times themselves in ``sample_ts``."""
+    return [Column("sample_ts", ARRAY(TS)), *(Column(f"ts_s_p{k}", ARRAY(Byte())) for k in range(SECOND_PLANES)),
+            *(Column(f"ts_us_p{k}", ARRAY(Byte())) for k in range(MICRO_PLANES))]
+
+
 # The sample times of packed blocks, one array per distinct set of times in a job-hour. The
 # node daemon stamps every GPU of a node with the same tick, so the 8 GPUs of a node share one
 # timeline row: the times are stored once per node, not once per GPU.
@@ -546,7 +560,7 @@ gpu_sample_timelines = Table(
     Column("job_id", Text, nullable=False),
     Column("ts", TS, nullable=False),
     Column("timeline", Integer, nullable=False),
-    Column("sample_ts", ARRAY(TS), nullable=False),
+    *_time_planes(),
     PrimaryKeyConstraint("job_id", "cluster", "ts", "timeline"),
     postgresql_partition_by=PARTITION_BY,
 )
@@ -679,7 +693,7 @@ host_sample_blocks = Table(
     Column("samples", Integer, nullable=False),
     Column("first_ts", TS, nullable=False),
     Column("last_ts", TS, nullable=False),
-    Column("sample_ts", ARRAY(TS), nullable=False),
+    *_time_planes(),
     # The node energy columns came later (migration 0014): blocks packed before have none.
     *(Column(c.name, ARRAY(c.type), nullable=c.name in _HOST_LATER or c.name in HOST_PLANES)
       for c in host_samples.columns if c.name not in SERIES_KEY),

@@ -60,6 +60,7 @@ from jobsight.collector.tiers.packed_format import (
     pack_window,
 )
 from jobsight.collector.tiers.reads import MINUTE_VALUES, unpack_minutes, unpack_samples
+from jobsight.collector.tiers.time_planes import offsets, packed_times
 
 log = logging.getLogger("jobsight.collector")
 
@@ -390,6 +391,7 @@ ORDER BY {", ".join(f"s.{c}" for c in DEVICE_COLUMNS)}
 
 _MEASURES: Final = tuple(ENCODINGS)
 _STORED, _PACKED = pack_columns(ENCODINGS.values())
+_TIMES, _TIME_VALUES = packed_times("t.sample_ts")
 
 # One job-hour: its raw samples and the samples its blocks already hold (deleted here and
 # packed again with the new ones), packed per GPU. GPUs sampled at the same times share a
@@ -423,8 +425,9 @@ WITH old_blocks AS (
     SELECT cluster, sample_ts, (row_number() OVER (PARTITION BY cluster ORDER BY min(device)))::int4 AS timeline
     FROM packed GROUP BY cluster, sample_ts
 ), new_timelines AS (
-    INSERT INTO gpu_sample_timelines (cluster, job_id, ts, timeline, sample_ts)
-    SELECT cluster, %(job)s, %(hour)s, timeline, sample_ts FROM timelines
+    INSERT INTO gpu_sample_timelines (cluster, job_id, ts, timeline, {_TIMES})
+    SELECT t.cluster, %(job)s, %(hour)s, t.timeline, {_TIME_VALUES}
+    FROM timelines t, {offsets("t.sample_ts", "%(hour)s")}
 ), new_blocks AS (
     INSERT INTO gpu_sample_blocks (cluster, job_id, ts, device, timeline, samples, first_ts, last_ts,
                                    {_STORED})

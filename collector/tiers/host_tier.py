@@ -24,6 +24,7 @@ from jobsight.collector.tiers.packed_format import (
     unpacking,
 )
 from jobsight.collector.tiers.reads import sample_range
+from jobsight.collector.tiers.time_planes import offsets, packed_times, unpacking_times
 
 __all__ = ["HOST_VALUES", "PACK_HOUR", "RANGE", "samples"]
 
@@ -34,8 +35,9 @@ def _unpack(blocks: str, where: str) -> str:
     """Host blocks as rows: ``cluster``, ``ts``, ``node`` and :data:`HOST_VALUES` decoded, the
     arrays unnested in the select list (see :func:`jobsight.collector.tiers.reads.unpack_samples`)."""
     row, decoded = unpacking(list(HOST_ENCODINGS.values()))
-    return f"""SELECT cluster, ts, node, {", ".join(decoded)} FROM (
-            SELECT b.cluster, b.node, unnest(b.sample_ts) AS ts, {", ".join(row)} FROM {blocks} b {where}
+    times, time = unpacking_times("b")
+    return f"""SELECT cluster, {time} AS ts, node, {", ".join(decoded)} FROM (
+            SELECT b.cluster, b.node, {", ".join([*times, *row])} FROM {blocks} b {where}
         ) unnested"""
 
 
@@ -61,6 +63,7 @@ RANGE: Final = sample_range("host_samples", "host_sample_blocks")
 """First and last host sample of a job over both tiers."""
 
 _STORED, _PACKED = pack_columns(HOST_ENCODINGS.values())
+_TIMES, _TIME_VALUES = packed_times("p.sample_ts")
 
 PACK_HOUR: Final = f"""
 WITH old AS (
@@ -81,11 +84,11 @@ WITH old AS (
            array_agg(s.ts ORDER BY {HOST.order}) AS sample_ts, {pack_aggregates(HOST_ENCODINGS.values())}
     FROM bounded s GROUP BY s.cluster, s.node
 ), new_blocks AS (
-    INSERT INTO host_sample_blocks (cluster, job_id, ts, block, node, samples, first_ts, last_ts, sample_ts,
+    INSERT INTO host_sample_blocks (cluster, job_id, ts, block, node, samples, first_ts, last_ts, {_TIMES},
                                     {_STORED})
     SELECT p.cluster, %(job)s, %(hour)s, (row_number() OVER (PARTITION BY p.cluster ORDER BY p.node NULLS FIRST))::int4,
-           p.node, p.samples, p.first_ts, p.last_ts, p.sample_ts, {_PACKED}
-    FROM packed p
+           p.node, p.samples, p.first_ts, p.last_ts, {_TIME_VALUES}, {_PACKED}
+    FROM packed p, {offsets("p.sample_ts", "%(hour)s")}
     RETURNING samples
 )
 SELECT coalesce(sum(samples), 0) FROM new_blocks

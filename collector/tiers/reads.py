@@ -19,6 +19,7 @@ from typing import Final
 
 from jobsight.collector.store.schema import MINUTE_KEY, SAMPLE_COUNTS, gpu_minutes
 from jobsight.collector.tiers.packed_format import ENCODINGS, unpacking
+from jobsight.collector.tiers.time_planes import unpacking_times
 
 SAMPLE_KEY: Final = ("ts", "node", "gpu_index", "gpu_uuid", "gpu_name", "mig_uuid")
 """What every row of :func:`samples` carries besides the measurements asked for."""
@@ -80,9 +81,10 @@ def unpack_samples(
     The arrays are unnested in the select list, where set-returning functions run in lockstep
     and row by row: in FROM, each would first be copied into a tuplestore (four times slower)."""
     row, decoded = unpacking([ENCODINGS[name] for name in columns])
-    kept = [*(f"b.{c} AS b_{c}" for c in extra), "unnest(t.sample_ts) AS u_ts", *row]
+    times, time = unpacking_times("t")
+    kept = [*(f"b.{c} AS b_{c}" for c in extra), *times, *row]
     return f"""(
-        SELECT u_ts, {", ".join([*(f"b_{c}" for c in extra), *decoded])} FROM (
+        SELECT {time} AS u_ts, {", ".join([*(f"b_{c}" for c in extra), *decoded])} FROM (
             SELECT {", ".join(kept)}
             FROM {blocks} b JOIN {timelines} t ON t.job_id = b.job_id AND t.cluster = b.cluster AND t.ts = b.ts
                  AND t.timeline = b.timeline

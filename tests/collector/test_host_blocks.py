@@ -18,6 +18,7 @@ from jobsight.collector.store.embedded_db import EmbeddedPostgres
 from jobsight.collector.store.partitions import PartitionKeeper
 from jobsight.collector.tiers import compaction, host_tier
 from jobsight.collector.tiers.packed_format import HOST_ENCODINGS, HOST_VALUES
+from jobsight.collector.tiers.time_planes import TIME_PLANES
 from tests.conftest import own_database
 
 hypothesis = pytest.importorskip("hypothesis", reason="hypothesis is not installed (the dev extra)")
@@ -73,7 +74,7 @@ def test_every_host_column_has_a_place() -> None:
     """A column added to host_samples must be given an encoding, and the blocks its columns."""
     assert tuple(HOST_ENCODINGS) == HOST_VALUES
     blocks = [c.name for c in schema.host_sample_blocks.columns]
-    key = ["cluster", "job_id", "ts", "block", "node", "samples", "first_ts", "last_ts", "sample_ts"]
+    key = ["cluster", "job_id", "ts", "block", "node", "samples", "first_ts", "last_ts", "sample_ts", *TIME_PLANES]
     assert blocks[:len(key)] == key
     stored = [c for e in HOST_ENCODINGS.values() for c in e.stored]
     legacy = [c for e in HOST_ENCODINGS.values() for c in e.legacy]
