@@ -29,7 +29,7 @@ from psycopg_pool import ConnectionPool
 
 from jobsight.collector.config.alerts import AlertSettings
 from jobsight.collector.passes.alert_messages import deliver, message
-from jobsight.collector.store.db import Connection, DatabaseUnavailable, autocommit_connection
+from jobsight.collector.store.db import Connection, DatabaseUnavailable, autocommit_connection, unavailable
 
 log = logging.getLogger("jobsight.collector.passes.alerts")
 
@@ -191,9 +191,12 @@ def keep_sending(send: Callable[[], int], poll_interval_s: float, stop: threadin
     while True:
         try:
             send()
-        except (DatabaseUnavailable, psycopg.OperationalError) as exc:
-            reason = (str(exc) or type(exc).__name__).splitlines()[0]
-            logger.warning("%s pass skipped, database unavailable: %s", what, reason)
+        except DatabaseUnavailable as exc:
+            # The outage is said once when it begins and once when it ends (store/db.py), not at
+            # every pass that meets it.
+            logger.debug("%s pass skipped, database unavailable: %s", what, exc)
+        except psycopg.OperationalError as exc:
+            logger.debug("%s pass skipped, database unavailable: %s", what, unavailable(exc))
         except Exception:  # boundary: the sender must outlive a bad pass; the next one retries
             logger.exception("%s pass failed", what)
         if stop.wait(poll_interval_s):

@@ -92,18 +92,21 @@ FROM gpu_hours WHERE job_id = %(job)s AND cluster = %(cluster)s
 """
 
 # The last reading at or before each boundary (``i``, from 1) and the first after it, per GPU,
-# among the samples within %(near)s of it.
+# among the samples within %(near)s of it (read once for all boundaries).
 _NEAR_SAMPLES: Final = f"""
-WITH bd(at, i) AS (SELECT * FROM unnest(%(bounds)s::timestamptz[]) WITH ORDINALITY)
+WITH bd(at, i) AS (SELECT * FROM unnest(%(bounds)s::timestamptz[]) WITH ORDINALITY),
+near AS MATERIALIZED (
+    SELECT node, gpu_index, mig_uuid, ts, energy_j
+    FROM {tiers.samples_near(("energy_j",), times="%(bounds)s::timestamptz[]", near="%(near)s")} g
+    WHERE energy_j IS NOT NULL
+)
 SELECT bd.i, s.node, s.gpu_index, s.mig_uuid, s.ts, s.energy_j AS value
 FROM bd CROSS JOIN LATERAL (
     (SELECT DISTINCT ON (node, gpu_index, mig_uuid) node, gpu_index, mig_uuid, ts, energy_j
-     FROM {tiers.samples(("energy_j",), start="bd.at - %(near)s", end="bd.at")} g
-     WHERE energy_j IS NOT NULL ORDER BY node, gpu_index, mig_uuid, ts DESC)
+     FROM near WHERE ts >= bd.at - %(near)s AND ts <= bd.at ORDER BY node, gpu_index, mig_uuid, ts DESC)
     UNION ALL
     (SELECT DISTINCT ON (node, gpu_index, mig_uuid) node, gpu_index, mig_uuid, ts, energy_j
-     FROM {tiers.samples(("energy_j",), start="bd.at", end="bd.at + %(near)s")} g
-     WHERE energy_j IS NOT NULL AND ts > bd.at ORDER BY node, gpu_index, mig_uuid, ts)
+     FROM near WHERE ts > bd.at AND ts <= bd.at + %(near)s ORDER BY node, gpu_index, mig_uuid, ts)
 ) s
 """
 

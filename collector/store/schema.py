@@ -582,6 +582,11 @@ integers' unit times the step is the precision the node daemon sends (0.1 W of m
 of KB/s, tenths of a GPM point of hundredths). ``<name>_step`` says a block did."""
 
 
+COUNTERS = ("energy_j",)
+"""The ``gpu_samples`` counters a block keeps as differences from the previous sample (migration
+0019) when it has no NULL: ``<name>_first`` is the block's first value, its planes the differences."""
+
+
 def _byte_planes(name: str, planes: int) -> list[Column[Any]]:
     """``<name>_base`` (int4 or int8) and ``<name>_p0``... one ``"char"[]`` per byte of the value."""
     base = Integer if planes == 4 else BigInteger
@@ -641,6 +646,7 @@ gpu_sample_blocks = Table(
     Column("retired_pages_pending", ARRAY(Boolean)),
     *(column for name, planes in PLANES.items() for column in _byte_planes(name, planes)),
     *(Column(f"{name}_step", SmallInteger) for name in STEPS),
+    *(Column(f"{name}_first", BigInteger) for name in COUNTERS),
     PrimaryKeyConstraint("job_id", "cluster", "ts", "device"),
     postgresql_partition_by=PARTITION_BY,
 )

@@ -30,6 +30,13 @@ units. A block whose every value of such a column is a multiple of its step (``s
 ``<name>_step``; the digits that are always zero cost nothing. Any other block keeps the values,
 so a client sending finer values loses nothing.
 
+Counters (migration 0019). ``energy_j`` grows by about the same amount every sample: its low bytes
+are noise, but its middle bytes count up and did not compress. A block with no NULL in it whose
+integers (or quotients by its step) span less than 2^31 keeps its first value in
+``energy_j_first`` and, in its first four planes, each sample's difference from the previous one
+as an int4 (the first's 0; base 0); the reader adds them up (a running sum per block, computed
+once per block read). Other blocks (``energy_j_first`` NULL) keep the values as before.
+
 A float column takes the integers only when *every* value of the block comes back bit-for-bit
 from them (checked in SQL with the very expression that decodes it; NaN, infinities and values
 out of range never do); otherwise the block keeps the column in its float8 ``_f`` twin.
@@ -113,6 +120,8 @@ class Encoding:
     carried: tuple[str, ...]
     decode: str
     legacy: tuple[str, ...] = ()
+    computed: tuple[str, ...] = ()
+    """Select-list items ``unnest(<array SQL over the block b>) AS u_<name>``, beside ``arrays``."""
 
 
 def _ordered(expression: str, layout: Layout) -> str:
@@ -141,14 +150,19 @@ def _plane_names(column: str, layout: Layout) -> list[str]:
     return [f"{column}_p{k}" for k in range(layout.planes[column])]
 
 
-def _block_window(column: str, step: int | None = None) -> tuple[str, ...]:
+def _block_window(column: str, step: int | None = None, counter: bool = False) -> tuple[str, ...]:
     """What the pass knows of a block's integers before it packs them, over the window ``g`` of
     the block: the least (the base), the bits that vary (OR # AND: a byte is the same in every
     value where they agree, so its plane would be zeros), and whether no value is NULL. With a
-    ``step``: whether every value is a multiple of it, and the bits that vary in the quotients."""
+    ``step``: whether every value is a multiple of it, and the bits that vary in the quotients. A
+    ``counter``: its greatest, its first and each sample's previous value (for the differences)."""
     i = f"s.i_{column}"
-    window = (f"min({i}) OVER g AS lo_{column}", f"bit_or({i}) OVER g # bit_and({i}) OVER g AS var_{column}",
-              f"count(s.{column}) OVER g = count(*) OVER g AS full_{column}")
+    window: tuple[str, ...] = (
+        f"min({i}) OVER g AS lo_{column}", f"bit_or({i}) OVER g # bit_and({i}) OVER g AS var_{column}",
+        f"count(s.{column}) OVER g = count(*) OVER g AS full_{column}")
+    if counter:
+        window = (*window, f"max({i}) OVER g AS hi_{column}", f"first_value({i}) OVER g AS f_{column}",
+                  f"lag({i}) OVER g AS pv_{column}")
     if step is None:
         return window
     q = f"({i} / {step})"
@@ -160,7 +174,15 @@ _Packing = tuple[tuple[tuple[str, str], ...], tuple[str, ...], tuple[str, ...]]
 """(aggregates, stored, packed) of a column: the parts of :class:`Encoding` that pack it."""
 
 
-def _planes(column: str, exact: str, layout: Layout, step: int | None = None) -> _Packing:
+_SPAN_GUARD: Final = 2**62
+"""Values within +-2^62: their span does not overflow int8."""
+_DIFFERENCE_PLANES: Final = 4
+"""A counter block keeps its differences as int4, in its first four planes: its values (or their
+quotients by its step) span less than 2^31, so each difference fits, and the reader adds them up
+as int4 into int8 (sum(int8) would be numeric, several times slower)."""
+
+
+def _planes(column: str, exact: str, layout: Layout, step: int | None = None, counter: bool = False) -> _Packing:
     """(aggregates, stored, packed) of a column's byte planes, when the block's ``exact`` (SQL) holds.
 
     The block's values XOR its base are aggregated once, in the order every array has (one sort
@@ -173,27 +195,51 @@ def _planes(column: str, exact: str, layout: Layout, step: int | None = None) ->
     in mW...) then cost the bits they have, not the unit's; any other block keeps the values."""
     kept = f"count(s.{column}) > 0 AND {exact}"
     i, lo, var = f"s.i_{column}", f"s.lo_{column}", f"s.var_{column}"
+
+    def stepped(value: str) -> str:
+        return value if step is None else f"CASE WHEN s.by_{column} THEN {value} / {step} ELSE {value} END"
+
     if step is not None:
-        by = f"s.by_{column}"
-        i, lo = f"CASE WHEN {by} THEN {i} / {step} ELSE {i} END", f"CASE WHEN {by} THEN {lo} / {step} ELSE {lo} END"
-        var = f"CASE WHEN {by} THEN s.qvar_{column} ELSE {var} END"
+        i, lo = stepped(i), stepped(lo)
+        var = f"CASE WHEN s.by_{column} THEN s.qvar_{column} ELSE {var} END"
+    value, base, varying = f"(({i}) # ({lo}))", f"min({lo})", f"min({var})"
+    extra: tuple[tuple[str, str], ...] = ()
+    if counter:
+        # Differences from the previous sample, the first sample's 0, when the block has no NULL
+        # and no difference can overflow; its first value is kept (``<column>_first``), its base 0.
+        span = stepped(f"(s.hi_{column} - s.lo_{column})")
+        fits = (f"(s.full_{column} AND CASE WHEN s.lo_{column} > {-_SPAN_GUARD} AND s.hi_{column} < {_SPAN_GUARD} "
+                f"THEN {span} < {2**31} ELSE false END)")
+        # As the 32 bits of an int4: the higher planes are zeros, not stored.
+        difference = f"({stepped(f'coalesce(s.i_{column} - s.pv_{column}, 0)')} & {2**32 - 1})"
+        whole = f"bool_and({fits})"
+        value = f"CASE WHEN {fits} THEN {difference} ELSE {value} END"
+        base, varying = f"CASE WHEN {whole} THEN 0 ELSE {base} END", (
+            f"CASE WHEN {whole} THEN bit_or(CASE WHEN {fits} THEN {difference} END) ELSE {varying} END")
+        extra = ((f"first_{column}", f"CASE WHEN {kept} AND {whole} THEN min({stepped(f's.f_{column}')}) END"),)
     aggregates: tuple[tuple[str, str], ...] = (
-        (f"x_{column}", f"CASE WHEN {kept} THEN {_ordered(f'(({i}) # ({lo}))', layout)} END"),
-        (f"base_{column}", f"CASE WHEN {kept} THEN min({lo}) END"),
-        (f"var_{column}", f"min({var})"),
+        (f"x_{column}", f"CASE WHEN {kept} THEN {_ordered(value, layout)} END"),
+        (f"base_{column}", f"CASE WHEN {kept} THEN {base} END"),
+        (f"var_{column}", varying),
         (f"full_{column}", f"bool_and(s.full_{column})"),
+        *extra,
     )
     if step is not None:
         aggregates = (*aggregates, (f"step_{column}", f"CASE WHEN {kept} AND bool_and(s.by_{column}) THEN {step} END"))
     packed = [f"p.base_{column}"]
     for k in range(layout.planes[column]):
-        # The low plane carries the NULLs; a higher one is stored only if a byte of it is not 0.
+        # The low plane carries the NULLs (and a counter's rows: always stored); a higher one is
+        # stored only if a byte of it is not 0.
         needed = (f"NOT (p.var_{column} = 0 AND p.full_{column})" if k == 0
                   else f"(p.var_{column} >> {8 * k}) & 255 <> 0")
+        if counter and k == 0:
+            needed = f"({needed} OR p.first_{column} IS NOT NULL)"
         plane = (f"ARRAY(SELECT (((u.x >> {8 * k}) & 255) - 128)::int4::{BYTE} "
                  f"FROM unnest(p.x_{column}) WITH ORDINALITY u(x, n) ORDER BY u.n)")
         packed.append(f"CASE WHEN p.x_{column} IS NOT NULL AND {needed} THEN {plane} END")
     stored = (f"{column}_base", *_plane_names(column, layout))
+    if counter:
+        stored, packed = (*stored, f"{column}_first"), [*packed, f"p.first_{column}"]
     if step is None:
         return aggregates, stored, tuple(packed)
     return aggregates, (*stored, f"{column}_step"), (*packed, f"p.step_{column}")
@@ -203,19 +249,44 @@ def _integer_type(column: str, layout: Layout) -> str:
     return "int4" if layout.planes[column] == 4 else "int8"
 
 
-def _planes_decode(column: str, layout: Layout, step: int | None = None) -> tuple[tuple[str, ...], str]:
-    """(carried, SQL) giving a column's integer back from its planes; NULL if the block has none."""
+def _bytes(column: str, layout: Layout, prefix: str) -> str:
+    """SQL: the integer whose bytes are the elements ``<prefix><column>_p<k>``; a missing higher
+    plane is zeros (a NULL in the low plane is a NULL value)."""
     kind = _integer_type(column, layout)
-    parts = [f"(u_{plane}::int4 + 128)::{kind}" + (f" << {8 * k}" if k else "")
+    parts = [f"({prefix}{plane}::int4 + 128)::{kind}" + (f" << {8 * k}" if k else "")
              for k, plane in enumerate(_plane_names(column, layout))]
-    # A missing higher plane is zeros; a NULL in the low plane is a NULL value.
-    bytes_ = " | ".join([parts[0], *(f"coalesce({p}, 0)" for p in parts[1:])])
+    return " | ".join([parts[0], *(f"coalesce({p}, 0)" for p in parts[1:])])
+
+
+def _running_sum(column: str, layout: Layout) -> str:
+    """SQL over the block ``b``: a counter block's values, its first plus the running sum of its
+    differences (NULL for any other block)."""
+    planes = _plane_names(column, layout)[:_DIFFERENCE_PLANES]
+    difference = _bytes(column, Layout(layout.order, {column: _DIFFERENCE_PLANES}), "u.")
+    return (f"CASE WHEN b.{column}_first IS NOT NULL THEN ARRAY("
+            f"SELECT b.{column}_first + sum({difference}) OVER (ORDER BY u.n) "
+            f"FROM unnest({', '.join(f'b.{p}' for p in planes)}) WITH ORDINALITY u({', '.join(planes)}, n) "
+            f"ORDER BY u.n) END")
+
+
+def _planes_decode(column: str, layout: Layout, step: int | None = None,
+                   counter: bool = False) -> tuple[tuple[str, ...], tuple[str, ...], str]:
+    """(carried, computed, SQL) giving a column's integer back from its planes; NULL if the block has none."""
     carried = (f"b.{column}_base AS b_{column}_base", f"(b.{column}_p0 IS NULL) AS b_{column}_one")
-    decoded = f"CASE WHEN b_{column}_one THEN b_{column}_base ELSE b_{column}_base # ({bytes_}) END"
+    decoded = (f"CASE WHEN b_{column}_one THEN b_{column}_base "
+               f"ELSE b_{column}_base # ({_bytes(column, layout, 'u_')}) END")
+    computed: tuple[str, ...] = ()
+    if counter:
+        # A counter block's planes are read once, by the running sum; another block's as usual.
+        computed = (*(f"unnest(CASE WHEN b.{column}_first IS NULL THEN b.{plane} END) AS u_{plane}"
+                      for plane in _plane_names(column, layout)),
+                    f"unnest({_running_sum(column, layout)}) AS u_{column}_sum")
+        decoded = f"coalesce(u_{column}_sum, {decoded})"
     if step is None:
-        return carried, decoded
+        return carried, computed, decoded
     # A quotient times the step is the value it was, so it fits the column's type.
-    return (*carried, f"b.{column}_step AS b_{column}_step"), f"(({decoded}) * coalesce(b_{column}_step, 1))"
+    return ((*carried, f"b.{column}_step AS b_{column}_step"), computed,
+            f"(({decoded}) * coalesce(b_{column}_step, 1))")
 
 
 def _integers(column: str, layout: Layout = GPU, step: int | None = None) -> Encoding:
@@ -223,7 +294,7 @@ def _integers(column: str, layout: Layout = GPU, step: int | None = None) -> Enc
     of the block is a multiple of it); blocks packed before them kept it whole (an array named as
     the column)."""
     aggregates, stored, packed = _planes(column, "true", layout, step)
-    carried, decoded = _planes_decode(column, layout, step)
+    carried, _, decoded = _planes_decode(column, layout, step)
     return Encoding(
         column=column,
         integer=f"s.{column}",
@@ -245,20 +316,22 @@ def _exact(column: str, scale: int | None) -> str:
     return f"bool_and(CASE WHEN s.{column} IS NULL THEN true WHEN s.i_{column} IS NULL THEN false ELSE {kept} END)"
 
 
-def _with_fallback(column: str, exact: str, layout: Layout, fallback: str, step: int | None = None) -> _Packing:
+def _with_fallback(column: str, exact: str, layout: Layout, fallback: str, step: int | None = None,
+                   counter: bool = False) -> _Packing:
     """Byte planes when the block's ``exact`` holds, else the floats as they are in ``fallback``."""
-    aggregates, stored, packed = _planes(column, exact, layout, step)
+    aggregates, stored, packed = _planes(column, exact, layout, step, counter)
     floats = f"CASE WHEN count(s.{column}) > 0 AND NOT {exact} THEN {_ordered(f's.{column}', layout)} END"
     return (*aggregates, (fallback, floats)), (*stored, fallback), (*packed, f"p.{fallback}")
 
 
 def _scaled(column: str, legacy: str | None, scale: int, bound: int, *, rounded: bool = False,
-            layout: Layout = GPU, fallback: str | None = None, step: int | None = None) -> Encoding:
+            layout: Layout = GPU, fallback: str | None = None, step: int | None = None,
+            counter: bool = False) -> Encoding:
     """A float8 column whose values are ``integer / scale``: byte planes of the integers (of their
-    quotients by ``step`` when every one is a multiple of it), when every value of the block
-    comes back exactly (or, ``rounded``, fits), else the floats in ``fallback`` (by default
-    ``<column>_f``). ``legacy`` is the integer array of blocks packed before 0015, if the column
-    had one."""
+    quotients by ``step`` when every one is a multiple of it; of the differences from the previous
+    sample for a ``counter`` block with no NULL), when every value of the block comes back exactly
+    (or, ``rounded``, fits), else the floats in ``fallback`` (by default ``<column>_f``).
+    ``legacy`` is the integer array of blocks packed before 0015, if the column had one."""
     fallback = fallback or f"{column}_f"
     scaled = f"s.{column}::float8{f' * {scale}' if scale != 1 else ''}"
     integer = (f"CASE WHEN s.{column} BETWEEN {-bound} AND {bound} "
@@ -266,40 +339,45 @@ def _scaled(column: str, legacy: str | None, scale: int, bound: int, *, rounded:
     # The test decodes with the reader's expression, so "exact" means bit-for-bit (but for -0.0).
     # BETWEEN also refuses NaN and infinities, which PostgreSQL would otherwise call equal.
     aggregates, stored, packed = _with_fallback(
-        column, _exact(column, None if rounded else scale), layout, fallback, step)
-    carried, decoded = _planes_decode(column, layout, step)
+        column, _exact(column, None if rounded else scale), layout, fallback, step, counter)
+    carried, computed, decoded = _planes_decode(column, layout, step, counter)
     integers = f"coalesce(u_{legacy}, {decoded})" if legacy else decoded
     return Encoding(
         column=column,
         integer=integer,
-        window=_block_window(column, step),
+        window=_block_window(column, step, counter),
         aggregates=aggregates,
         stored=stored,
         packed=packed,
-        arrays=tuple(dict.fromkeys((*_plane_names(column, layout), fallback, *([legacy] if legacy else [])))),
+        arrays=tuple(dict.fromkeys((*([] if counter else _plane_names(column, layout)), fallback,
+                                    *([legacy] if legacy else [])))),
         carried=carried,
         decode=f"coalesce(u_{fallback}, ({integers})::float8 / {scale})",
         legacy=(legacy,) if legacy else (),
+        computed=computed,
     )
 
 
 def _energy() -> Encoding:
-    """``energy_j``: byte planes of whole mJ, when every value is whole mJ under 4e12 J. Blocks
-    before 0015 kept int4 offsets (``energy_mj``) from a base (``energy_mj_base``)."""
+    """``energy_j``: byte planes of whole mJ, when every value is whole mJ under 4e12 J; a counter
+    (its differences, migration 0019). Blocks before 0015 kept int4 offsets (``energy_mj``) from a
+    base (``energy_mj_base``)."""
     step = STEPS["energy_j"]
-    aggregates, stored, packed = _with_fallback("energy_j", _exact("energy_j", 1000), GPU, "energy_j_f", step)
-    carried, decoded = _planes_decode("energy_j", GPU, step)
+    aggregates, stored, packed = _with_fallback("energy_j", _exact("energy_j", 1000), GPU, "energy_j_f", step,
+                                                counter=True)
+    carried, computed, decoded = _planes_decode("energy_j", GPU, step, counter=True)
     return Encoding(
         column="energy_j",
         integer=f"({ENERGY_MJ})::int8",
-        window=_block_window("energy_j", step),
+        window=_block_window("energy_j", step, counter=True),
         aggregates=aggregates,
         stored=stored,
         packed=packed,
-        arrays=(*_plane_names("energy_j", GPU), "energy_j_f", "energy_mj"),
+        arrays=("energy_j_f", "energy_mj"),
         carried=(*carried, "b.energy_mj_base AS b_energy_mj_base"),
         decode=f"coalesce(u_energy_j_f, (coalesce(b_energy_mj_base + u_energy_mj, {decoded}))::float8 / 1000)",
         legacy=("energy_mj_base", "energy_mj"),
+        computed=computed,
     )
 
 
@@ -334,7 +412,7 @@ def unpacking(encodings: Sequence[Encoding]) -> tuple[list[str], list[str]]:
     over that row, each named as its column)."""
     arrays = dict.fromkeys(array for e in encodings for array in e.arrays)
     carried = dict.fromkeys(c for e in encodings for c in e.carried)
-    row = [*carried, *(f"unnest(b.{a}) AS u_{a}" for a in arrays)]
+    row = [*carried, *(f"unnest(b.{a}) AS u_{a}" for a in arrays), *(c for e in encodings for c in e.computed)]
     return row, [f"{e.decode} AS {e.column}" for e in encodings]
 
 

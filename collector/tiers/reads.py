@@ -132,6 +132,38 @@ def samples(
     return f"(SELECT * FROM {hot} h UNION ALL SELECT * FROM {packed} p)"
 
 
+def samples_near(
+    columns: Sequence[str],
+    *,
+    times: str,
+    near: str,
+    job: str = "%(job)s",
+    cluster: str = "%(cluster)s",
+) -> str:
+    """One job's GPU samples from both tiers within ``near`` (SQL, an interval under an hour) of any
+    of ``times`` (SQL, an ascending non-empty timestamptz[]): :data:`SAMPLE_KEY` and ``columns``.
+
+    For many times at once (a job's epoch boundaries): each block of an hour those windows touch is
+    unpacked once, where a read per time would unpack it again for each (a block is a GPU's whole
+    hour, and a counter's is a running sum)."""
+    hours = (f"ARRAY(SELECT DISTINCT date_trunc('hour', w, 'UTC') FROM unnest({times}) t, "
+             f"LATERAL (VALUES (t - {near}), (t + {near})) e(w))")
+    where = [f"b.job_id = {job}", f"b.cluster = {cluster}", f"b.ts = ANY({hours})", f"t.ts = ANY({hours})"]
+    selected = ", ".join(["p.u_ts AS ts", *(f"d.{k}" for k in SAMPLE_KEY[1:]), *(f"p.{c}" for c in columns)])
+    packed = f"SELECT {selected} FROM {unpack_samples(columns, where=where, extra=('device',))} p " \
+             "JOIN gpu_devices d ON d.id = p.b_device"
+    hot = hot_samples(columns, job=job, cluster=cluster, start=f"({times})[1] - {near}",
+                      end=f"({times})[cardinality({times})] + {near}")
+    # The times around a sample's: width_bucket's part p lies between times[p] and times[p + 1].
+    nearby = (f"(x.part > 0 AND x.ts - ({times})[x.part] <= {near}) "
+              f"OR (x.part < cardinality({times}) AND ({times})[x.part + 1] - x.ts <= {near})")
+    return f"""(
+        SELECT {", ".join([*SAMPLE_KEY, *columns])} FROM (
+            SELECT s.*, width_bucket(s.ts, {times}) AS part FROM ({hot} UNION ALL {packed}) s
+        ) x WHERE {nearby}
+    )"""
+
+
 def unpack_minutes(
     columns: Sequence[str] = MINUTE_VALUES,
     *,
