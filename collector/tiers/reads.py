@@ -140,14 +140,14 @@ def samples_near(
     job: str = "%(job)s",
     cluster: str = "%(cluster)s",
 ) -> str:
-    """One job's GPU samples from both tiers within ``near`` (SQL, an interval under an hour) of any
-    of ``times`` (SQL, an ascending non-empty timestamptz[]): :data:`SAMPLE_KEY` and ``columns``.
+    """One job's GPU samples from both tiers within ``near`` (SQL, an interval) of any of ``times``
+    (SQL, an ascending non-empty timestamptz[]): :data:`SAMPLE_KEY` and ``columns``.
 
     For many times at once (a job's epoch boundaries): each block of an hour those windows touch is
     unpacked once, where a read per time would unpack it again for each (a block is a GPU's whole
     hour, and a counter's is a running sum)."""
-    hours = (f"ARRAY(SELECT DISTINCT date_trunc('hour', w, 'UTC') FROM unnest({times}) t, "
-             f"LATERAL (VALUES (t - {near}), (t + {near})) e(w))")
+    hours = (f"ARRAY(SELECT DISTINCT h FROM unnest({times}) t, "
+             f"generate_series(date_trunc('hour', t - {near}, 'UTC'), t + {near}, interval '1 hour') h)")
     where = [f"b.job_id = {job}", f"b.cluster = {cluster}", f"b.ts = ANY({hours})", f"t.ts = ANY({hours})"]
     selected = ", ".join(["p.u_ts AS ts", *(f"d.{k}" for k in SAMPLE_KEY[1:]), *(f"p.{c}" for c in columns)])
     packed = f"SELECT {selected} FROM {unpack_samples(columns, where=where, extra=('device',))} p " \

@@ -55,10 +55,11 @@ def _all(conn: psycopg.Connection[Any], job_id: str) -> list[dict[str, Any]]:
                         {"job": job_id, "cluster": CLUSTER}).fetchall()
 
 
-def _near(conn: psycopg.Connection[Any], job_id: str, times: list[dt.datetime]) -> list[dict[str, Any]]:
+def _near(conn: psycopg.Connection[Any], job_id: str, times: list[dt.datetime],
+          near: dt.timedelta) -> list[dict[str, Any]]:
     query = tiers.samples_near(["energy_j"], times="%(times)s::timestamptz[]", near="%(near)s")
     return conn.execute(f"SELECT * FROM {query} s",
-                        {"job": job_id, "cluster": CLUSTER, "times": times, "near": NEAR}).fetchall()
+                        {"job": job_id, "cluster": CLUSTER, "times": times, "near": near}).fetchall()
 
 
 def _key(row: dict[str, Any]) -> tuple[Any, ...]:
@@ -72,12 +73,26 @@ EDGES = [T0, T0 + dt.timedelta(minutes=2), T0 + dt.timedelta(hours=1, minutes=2,
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow,
                                                                  HealthCheck.function_scoped_fixture])
 @given(offsets=st.lists(st.one_of(st.integers(-60_000, (TICKS + 60) * 1000), st.sampled_from(
-    [int((t - T0).total_seconds() * 1000) for t in EDGES])), min_size=1, max_size=12))
-def test_the_samples_near_any_time_are_those_a_filter_keeps(job: tuple[str, str], offsets: list[int]) -> None:
+    [int((t - T0).total_seconds() * 1000) for t in EDGES])), min_size=1, max_size=12),
+       near=st.sampled_from([NEAR, dt.timedelta(minutes=50)]))
+def test_the_samples_near_any_time_are_those_a_filter_keeps(job: tuple[str, str], offsets: list[int],
+                                                            near: dt.timedelta) -> None:
+    """Epoch energy's 10 s, and windows longer than an hour (three hours touched by one)."""
     url, job_id = job
     times = sorted({T0 + dt.timedelta(milliseconds=ms) for ms in offsets})
     with psycopg.connect(url, row_factory=dict_row) as conn:
         everything = _all(conn, job_id)
-        near = _near(conn, job_id, times)
-    wanted = [r for r in everything if any(abs(r["ts"] - t) <= NEAR for t in times)]
-    assert sorted(map(_key, near)) == sorted(map(_key, wanted))
+        found = _near(conn, job_id, times, near)
+    wanted = [r for r in everything if any(abs(r["ts"] - t) <= near for t in times)]
+    assert sorted(map(_key, found)) == sorted(map(_key, wanted))
+
+
+def test_a_window_across_three_hours_reads_the_middle_one(job: tuple[str, str]) -> None:
+    """10:30 ± 50 min touches 09:00, 10:00 and 11:00: the middle hour's blocks are read too."""
+    url, job_id = job
+    at, near = dt.datetime.combine(DAY, dt.time(10, 30), dt.UTC), dt.timedelta(minutes=50)
+    with psycopg.connect(url, row_factory=dict_row) as conn:
+        found = _near(conn, job_id, [at], near)
+        wanted = [r for r in _all(conn, job_id) if abs(r["ts"] - at) <= near]
+    assert len(wanted) > 2 * 3600
+    assert sorted(map(_key, found)) == sorted(map(_key, wanted))
