@@ -325,13 +325,12 @@ def _with_fallback(column: str, exact: str, layout: Layout, fallback: str, step:
 
 
 def _scaled(column: str, legacy: str | None, scale: int, bound: int, *, rounded: bool = False,
-            layout: Layout = GPU, fallback: str | None = None, step: int | None = None,
-            counter: bool = False) -> Encoding:
+            layout: Layout = GPU, fallback: str | None = None, step: int | None = None) -> Encoding:
     """A float8 column whose values are ``integer / scale``: byte planes of the integers (of their
-    quotients by ``step`` when every one is a multiple of it; of the differences from the previous
-    sample for a ``counter`` block with no NULL), when every value of the block comes back exactly
-    (or, ``rounded``, fits), else the floats in ``fallback`` (by default ``<column>_f``).
-    ``legacy`` is the integer array of blocks packed before 0015, if the column had one."""
+    quotients by ``step`` when every one is a multiple of it), when every value of the block
+    comes back exactly (or, ``rounded``, fits), else the floats in ``fallback`` (by default
+    ``<column>_f``). ``legacy`` is the integer array of blocks packed before 0015, if the column
+    had one."""
     fallback = fallback or f"{column}_f"
     scaled = f"s.{column}::float8{f' * {scale}' if scale != 1 else ''}"
     integer = (f"CASE WHEN s.{column} BETWEEN {-bound} AND {bound} "
@@ -339,22 +338,20 @@ def _scaled(column: str, legacy: str | None, scale: int, bound: int, *, rounded:
     # The test decodes with the reader's expression, so "exact" means bit-for-bit (but for -0.0).
     # BETWEEN also refuses NaN and infinities, which PostgreSQL would otherwise call equal.
     aggregates, stored, packed = _with_fallback(
-        column, _exact(column, None if rounded else scale), layout, fallback, step, counter)
-    carried, computed, decoded = _planes_decode(column, layout, step, counter)
+        column, _exact(column, None if rounded else scale), layout, fallback, step)
+    carried, _, decoded = _planes_decode(column, layout, step)
     integers = f"coalesce(u_{legacy}, {decoded})" if legacy else decoded
     return Encoding(
         column=column,
         integer=integer,
-        window=_block_window(column, step, counter),
+        window=_block_window(column, step),
         aggregates=aggregates,
         stored=stored,
         packed=packed,
-        arrays=tuple(dict.fromkeys((*([] if counter else _plane_names(column, layout)), fallback,
-                                    *([legacy] if legacy else [])))),
+        arrays=tuple(dict.fromkeys((*_plane_names(column, layout), fallback, *([legacy] if legacy else [])))),
         carried=carried,
         decode=f"coalesce(u_{fallback}, ({integers})::float8 / {scale})",
         legacy=(legacy,) if legacy else (),
-        computed=computed,
     )
 
 
