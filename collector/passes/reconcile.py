@@ -38,7 +38,6 @@ from jobsight.collector.config.reconcile import ReconcileSettings
 from jobsight.collector.jobs.summaries import refresh_ended
 from jobsight.collector.passes.leader import LeaderTimer
 from jobsight.collector.passes.slurm_jobs import (
-    SLURM_JOB_ID,
     SlurmCommandError,
     SlurmRecord,
     ask_sacct,
@@ -47,6 +46,7 @@ from jobsight.collector.passes.slurm_jobs import (
 )
 from jobsight.collector.store.db import Connection
 from jobsight.protocol import job_states
+from jobsight.protocol.slurm_ids import is_slurm_job_id
 
 log = logging.getLogger("jobsight.collector.passes.reconcile")
 
@@ -185,7 +185,7 @@ class JobReconciler:
     def _slurm_ids(self, rows: Sequence[Mapping[str, Any]]) -> list[str]:
         clusters = set(self.settings.clusters)
         return sorted({r["job_id"] for r in rows
-                       if SLURM_JOB_ID.match(r["job_id"]) and (not clusters or r["cluster"] in clusters)})
+                       if is_slurm_job_id(r["job_id"]) and (not clusters or r["cluster"] in clusters)})
 
     def _describes(self, record: SlurmRecord, row: Mapping[str, Any]) -> bool:
         """Whether Slurm's record is of this job, not of a later job that reused its id: Slurm's start
@@ -232,7 +232,7 @@ class JobReconciler:
 
     def _sources(self, job: str, result: Reconciliation, other_job: bool) -> str:
         """What Slurm said of the job, for the reason of its loss."""
-        if not SLURM_JOB_ID.match(job):
+        if not is_slurm_job_id(job):
             return "not a Slurm job"
         if self.sacct is None and self.squeue is None:
             return "no sacct or squeue on the collector host"

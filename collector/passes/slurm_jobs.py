@@ -25,8 +25,6 @@ from typing import Any, Final
 from jobsight.protocol import job_states
 from jobsight.protocol.slurm_json import exit_pair, number, state
 
-SLURM_JOB_ID: Final = re.compile(r"^\d+(?:_\d+)?$")
-"""The ids Slurm is asked about; anything else (``local-…``, a simulated job) is not a Slurm job."""
 SACCT_CHUNK: Final = 200
 """Job ids per ``sacct -j`` call (its command line stays short)."""
 _SACCT_FIELDS: Final = "JobID,State,ExitCode,Start,End"

@@ -5,7 +5,22 @@ from __future__ import annotations
 
 import re
 
-SAFE_JOB = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]{0,127}$")
+SAFE_JOB = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]{0,127}")
+"""Any job id jobsight takes (match it whole, with ``fullmatch``): Slurm's, a run's outside Slurm
+(``local-<host>-<pid>-<start>``), a demo's. Never begins with ``-``, so no id reads as an option."""
+SLURM_JOB = re.compile(r"[0-9]{1,10}(?:_[0-9]{1,10}|\+[0-9]{1,5})?")
+"""The forms of a Slurm job's id as users see it (match it whole): ``1234``, an array task ``1234_7``, a
+heterogeneous job's component ``1234+1``. ASCII digits only (``\\d`` takes other scripts' digits)."""
+
+
+def is_job_id(job: object) -> bool:
+    """Whether ``job`` is an id jobsight takes at all (:data:`SAFE_JOB`)."""
+    return isinstance(job, str) and SAFE_JOB.fullmatch(job) is not None
+
+
+def is_slurm_job_id(job: object) -> bool:
+    """Whether ``job`` is a Slurm job's id (:data:`SLURM_JOB`): only such an id reaches a Slurm command."""
+    return isinstance(job, str) and SLURM_JOB.fullmatch(job) is not None
 
 
 def ascii_digits(text: str) -> bool:
@@ -29,7 +44,7 @@ def job_id_from_env(env: dict[str, str]) -> str:
         job = f"{array_job}_{task}"
     else:
         job = env.get("SLURM_HET_JOB_ID") or env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID") or ""
-    if not SAFE_JOB.match(job):
+    if not is_job_id(job):
         raise ValueError(f"SLURM_JOB_ID {job!r} is missing or not a job id")
     return job
 
@@ -38,6 +53,6 @@ def slurm_job_id(env: dict[str, str]) -> str:
     """Slurm's own id of the job (``SLURM_JOB_ID``), which ``squeue -j`` knows it by: an array task's
     own number, not ``N_i``. ``ValueError`` when missing or not a job id."""
     job = env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID") or ""
-    if not SAFE_JOB.match(job):  # never empty: ``squeue`` without an id lists every job
+    if not is_job_id(job):  # never empty: ``squeue`` without an id lists every job
         raise ValueError(f"SLURM_JOB_ID {job!r} is missing or not a job id")
     return job
