@@ -6,8 +6,9 @@ session advisory lock on a connection of its own while it leads; the others try 
 interval and take over when the leader's connection goes. An evaluation:
 
 * reads the running jobs, their ranks' minute step sums (``step_minutes``) over the recent
-  window, and their GPUs' minute sums (``gpu_minutes``) over the idle and low-utilisation
-  windows: rollups, so 500 running jobs of 8 GPUs are ~250 k small rows, not every sample;
+  window, and their GPUs' minute sums over the idle and low-utilisation windows from both tiers
+  (``gpu_minutes`` and the packed ``gpu_minute_blocks`` of the hours the windows reach):
+  rollups, so 500 running jobs of 8 GPUs are ~250 k small rows, not every sample;
 * for a rank silent past the window (hung), reads its last few minutes to know its usual step;
 * for a job with a rank silent past ``hung_min_s``, reads its ranks' latest run events since:
   which said they are done (not hung), and where each stays inside its pending step (the agent's
@@ -42,9 +43,18 @@ from jobsight.collector.passes.leader import LeaderTimer
 from jobsight.collector.passes.suspects import alert_suspects
 from jobsight.collector.query.job_hardware import gpu_name, read_job_hardware
 from jobsight.collector.store.db import Connection
+from jobsight.collector.tiers.reads import gpu_minutes_of
 from jobsight.collector.tiers.step_rollup import NO_RANK
 from jobsight.protocol.hardware_cause import XID_BEFORE_S
-from jobsight.protocol.health import Finding, GpuWindow, HealthThresholds, JobHealthInput, RankSteps, evaluate
+from jobsight.protocol.health import (
+    IDLE_SINCE,
+    Finding,
+    GpuWindow,
+    HealthThresholds,
+    JobHealthInput,
+    RankSteps,
+    evaluate,
+)
 from jobsight.protocol.step_phases import PHASE_EVENT, PendingPhase, parse
 
 log = logging.getLogger("jobsight.collector.passes.findings")
@@ -55,6 +65,11 @@ LIVE_RULES: Final = ("hung_rank", "straggler", "idle_allocation", "low_utilisati
 EXPLAINED_RULES: Final = ("hung_rank", "straggler")
 """Rules whose findings say their hardware cause: a job where one fires has its hardware read and
 is judged again with it."""
+KEPT_EVIDENCE: Final = (IDLE_SINCE,)
+"""Evidence a finding keeps from its opening while it is updated: when the stretch it judges began
+(the actions pass counts the idle time of a cancel's reason from it)."""
+STRAGGLER_HUNG: Final = "It has since stopped stepping: see the hung finding."
+"""Said by a straggler finding kept open while its rank is hung."""
 END_EVENTS: Final = ("fit_end", "run_end", "exception")
 """Log events by which a training process says it is done (or failed): its rank is not hung."""
 
@@ -72,11 +87,17 @@ def _s(value: dt.datetime) -> float:
     return value.timestamp()
 
 
+def _opt_s(value: dt.datetime | None) -> float | None:
+    return None if value is None else value.timestamp()
+
+
 _RUNNING = """
 SELECT cluster, job_id, user_name, account, partition, start_time, last_seen
 FROM jobs WHERE state = 'running' AND last_seen >= %(alive)s
 """
 
+# Named ranks only: steps recorded without a rank (NO_RANK) name no process, so no rank rule judges
+# them (a finished run outside Slurm was once called hung, blaming "rank -1").
 _STEP_WINDOW = f"""
 SELECT cluster, job_id, rank, max(last_ts) AS last_ts,
        percentile_cont(0.5) WITHIN GROUP (ORDER BY duration_sum / steps) AS median_step,
@@ -86,7 +107,7 @@ SELECT cluster, job_id, rank, max(last_ts) AS last_ts,
        sum(data_wait_sum) FILTER (WHERE last_ts >= %(straggler)s) AS w_wait,
        bool_and(forward_n IS NOT NULL AND forward_n = steps) FILTER (WHERE last_ts >= %(straggler)s) AS w_all_forward
 FROM step_minutes
-WHERE job_id = ANY(%(jobs)s) AND ts >= %(since)s AND rank >= {NO_RANK}
+WHERE job_id = ANY(%(jobs)s) AND ts >= %(since)s AND rank > {NO_RANK}
 GROUP BY cluster, job_id, rank
 """
 
@@ -114,11 +135,16 @@ WHERE job_id = %(job)s AND cluster = %(cluster)s AND ts >= %(since)s AND attrs->
 ORDER BY coalesce(rank, -1), attrs->>'event', ts DESC
 """
 
-_RANKS_EVER = "SELECT DISTINCT rank FROM step_minutes WHERE job_id = %(job)s AND cluster = %(cluster)s"
+_RANKS_EVER = (f"SELECT DISTINCT rank FROM step_minutes WHERE job_id = %(job)s AND cluster = %(cluster)s "
+               f"AND rank > {NO_RANK}")
 
 # The GPUs of the jobs (from the hourly rollup: a few rows each), then each GPU's minutes over
-# the windows through the minute rollup's key index.
-_GPU_WINDOW = """
+# the windows from both tiers (collector/tiers/reads.py): the hot rows through the minute rollup's key
+# index, and the packed blocks of the (one or two) closed hours the windows reach, unpacked for that GPU
+# alone. Hourly packing moves a window's older minutes out of the hot table: a read of it alone would
+# judge the last minutes since the top of the hour, and close every idle finding once an hour.
+_WINDOW_MINUTES = ("first_ts", "last_ts", "util_gpu_max", "util_gpu_sum", "util_gpu_n", "power_sum", "power_n")
+_GPU_WINDOW = f"""
 WITH g AS (
     SELECT DISTINCT cluster, job_id, node, gpu_index, mig_uuid FROM gpu_hours
     WHERE job_id = ANY(%(jobs)s) AND ts >= date_trunc('hour', %(since)s::timestamptz)
@@ -127,15 +153,17 @@ SELECT g.cluster, g.job_id, g.node, g.gpu_index, g.mig_uuid, w.*
 FROM g, LATERAL (
     SELECT min(m.first_ts) AS first_ts, max(m.last_ts) AS last_ts,
            max(m.util_gpu_max) FILTER (WHERE m.last_ts >= %(idle)s) AS idle_max,
+           min(m.first_ts) FILTER (WHERE m.last_ts >= %(idle)s) AS idle_first,
            sum(m.util_gpu_sum) FILTER (WHERE m.last_ts >= %(low)s) AS low_sum,
            sum(m.util_gpu_n) FILTER (WHERE m.last_ts >= %(low)s) AS low_n,
+           min(m.first_ts) FILTER (WHERE m.last_ts >= %(low)s) AS low_first,
            sum(m.util_gpu_sum) FILTER (WHERE m.last_ts >= %(recent)s)
                / nullif(sum(m.util_gpu_n) FILTER (WHERE m.last_ts >= %(recent)s), 0) AS util_recent,
            sum(m.power_sum) FILTER (WHERE m.last_ts >= %(recent)s)
                / nullif(sum(m.power_n) FILTER (WHERE m.last_ts >= %(recent)s), 0) AS power_recent
-    FROM gpu_minutes m
-    WHERE m.job_id = g.job_id AND m.cluster = g.cluster AND m.node = g.node AND m.gpu_index = g.gpu_index
-      AND m.mig_uuid = g.mig_uuid AND m.ts >= date_bin('1 minute', %(since)s::timestamptz, TIMESTAMPTZ '2000-01-01')
+    FROM {gpu_minutes_of(_WINDOW_MINUTES, job="g.job_id", cluster="g.cluster", node="g.node",
+                         gpu_index="g.gpu_index", mig_uuid="g.mig_uuid",
+                         start="date_bin('1 minute', %(since)s::timestamptz, TIMESTAMPTZ '2000-01-01')")} m
 ) w
 WHERE w.first_ts IS NOT NULL
 """
@@ -170,6 +198,23 @@ RETURNING *
 """
 
 _JOB_FACTS = "SELECT user_name, account, partition, state, end_time FROM jobs WHERE job_id = %s AND cluster = %s"
+
+
+def _kept_evidence(new: Mapping[str, Any], old: Any) -> dict[str, Any]:
+    """``new`` with the values of :data:`KEPT_EVIDENCE` that the finding opened with."""
+    kept = {k: old[k] for k in KEPT_EVIDENCE if isinstance(old, Mapping) and k in old}
+    return {**new, **kept}
+
+
+def _hung_ranks(found: Iterable[Finding]) -> set[int]:
+    """The ranks a hung finding among ``found`` names as stuck: its own rank, or those the others
+    wait for (a job-level finding that cannot tell names none)."""
+    out: set[int] = set()
+    for f in found:
+        if f.rule == "hung_rank":
+            out.update([f.rank] if f.rank is not None else [])
+            out.update(r for r in f.evidence.get("behind", ()) if isinstance(r, int))
+    return out
 
 
 @dataclass
@@ -268,8 +313,11 @@ class HealthEvaluator:
 
     def _gpu_windows(self, conn: Connection, jobs: Sequence[JobKey], now: float) -> dict[JobKey, list[GpuWindow]]:
         t = self.thresholds
+        # A minute more than the windows: the rules ask whether a GPU has samples as old as their
+        # window's start, and the minute the start falls in may have none before it (its first
+        # sample comes later in the minute): that GPU would never look covered.
         params = {
-            "jobs": [j for _, j in jobs], "since": _ts(now - max(t.idle_min_s, t.low_util_window_s)),
+            "jobs": [j for _, j in jobs], "since": _ts(now - max(t.idle_min_s, t.low_util_window_s) - 60),
             "idle": _ts(now - t.idle_min_s), "low": _ts(now - t.low_util_window_s), "recent": _ts(now - 300),
         }
         wanted = set(jobs)
@@ -285,6 +333,7 @@ class HealthEvaluator:
                 float(row["low_sum"] or 0.0), int(row["low_n"] or 0),
                 None if row["power_recent"] is None else float(row["power_recent"]),
                 None if row["util_recent"] is None else float(row["util_recent"]),
+                _opt_s(row["idle_first"]), _opt_s(row["low_first"]),
             ))
         return out
 
@@ -340,15 +389,39 @@ class HealthEvaluator:
                     if row is not None:
                         result.opened.append(row)
                     continue
-                conn.execute(_UPDATE, {
-                    "job_id": key[1], "id": existing["id"], "severity": f.severity, "now": _ts(now),
-                    "at_ts": None if f.at is None else _ts(f.at), "title": f.title, "message": f.message,
-                    "evidence": Jsonb(f.evidence), "rank": f.rank, "node": f.node, "gpu": f.gpu,
-                })
+                self._update(conn, existing, f, now)
                 result.updated += 1
+            held = _hung_ranks(found)
             for (rule, subject), existing in open_rows.items():
-                if (rule, subject) not in seen:
+                if (rule, subject) in seen:
+                    continue
+                if rule == "straggler" and existing["rank"] in held:
+                    self._keep_straggler(conn, existing, now)
+                    result.updated += 1
+                else:
                     self._resolve(conn, existing, now, job, result)
+
+    def _update(self, conn: Connection, existing: Mapping[str, Any], f: Finding, now: float) -> None:
+        """``existing`` saying what ``f`` says, but for the evidence it keeps from its opening."""
+        conn.execute(_UPDATE, {
+            "job_id": existing["job_id"], "id": existing["id"], "severity": f.severity, "now": _ts(now),
+            "at_ts": None if f.at is None else _ts(f.at), "title": f.title, "message": f.message,
+            "evidence": Jsonb(_kept_evidence(f.evidence, existing["evidence"])), "rank": f.rank, "node": f.node,
+            "gpu": f.gpu,
+        })
+
+    def _keep_straggler(self, conn: Connection, existing: Mapping[str, Any], now: float) -> None:
+        """A straggler whose rank is now hung stays open, saying so: it did not recover, and its
+        resolve alert would say it had. It is judged again once the hung finding goes."""
+        message = existing["message"]
+        if not message.endswith(STRAGGLER_HUNG):
+            message = f"{message} {STRAGGLER_HUNG}"
+        conn.execute(_UPDATE, {
+            "job_id": existing["job_id"], "id": existing["id"], "severity": existing["severity"], "now": _ts(now),
+            "at_ts": existing["at_ts"], "title": existing["title"], "message": message,
+            "evidence": Jsonb({**(existing["evidence"] or {}), "hung": True}), "rank": existing["rank"],
+            "node": existing["node"], "gpu": existing["gpu"],
+        })
 
     def _resolve(self, conn: Connection, existing: Mapping[str, Any], now: float, job: Mapping[str, Any],
                  result: Evaluation) -> None:

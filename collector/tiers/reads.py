@@ -206,6 +206,34 @@ def minutes(
     return f"({' UNION ALL '.join(parts)})"
 
 
+def gpu_minutes_of(
+    columns: Sequence[str] = MINUTE_VALUES,
+    *,
+    job: str,
+    cluster: str,
+    node: str,
+    gpu_index: str,
+    mig_uuid: str,
+    start: str | None = None,
+    end: str | None = None,
+) -> str:
+    """One GPU's per-minute rollup rows from both tiers: ``ts`` (the minute) and ``columns``, as
+    :func:`minutes` gives them for the job, less the other GPUs. Every argument is SQL, so that it
+    can sit in a ``LATERAL`` per GPU (the outer query's columns): the hot side is then a range of the
+    rollup's key index, and the packed side the GPU's blocks of the hours the window touches only
+    (one block a GPU-hour), so a window over the last hour unpacks at most two blocks a GPU."""
+    gpu = [f"node = {node}", f"gpu_index = {gpu_index}", f"mig_uuid = {mig_uuid}"]
+    hot = " AND ".join([f"job_id = {job}", f"cluster = {cluster}", *gpu, *_bounds("ts", start, end)])
+    selected = ", ".join(["ts", *columns])
+    parts = [f"SELECT {selected} FROM gpu_minutes WHERE {hot}"]
+    for blocks, filtered in _block_parts(start, end):
+        where = [f"b.job_id = {job}", f"b.cluster = {cluster}", *(f"b.{c}" for c in gpu), *blocks]
+        bounds = _bounds("m.ts", start, end) if filtered else []
+        parts.append(f"SELECT {selected} FROM {unpack_minutes(columns, where=where)} m "
+                     f"{'WHERE ' + ' AND '.join(bounds) if bounds else ''}")
+    return f"({' UNION ALL '.join(parts)})"
+
+
 def sample_range(hot: str, packed: str) -> str:
     """First and last sample of a job (``%(job)s``, ``%(cluster)s``) over both tiers: the ``hot``
     table's rows and the ``packed`` table's blocks, which keep their first and last times, so

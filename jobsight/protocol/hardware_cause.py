@@ -264,19 +264,36 @@ def _data_cause(rank: int, data_wait: Mapping[int, float]) -> Cause | None:
                  {"data_wait_s": round(mine, 6), "others_data_wait_s": round(typical, 6)}, rank=rank)
 
 
-def _nothing(rank: int, gpu: GpuCondition | None, others: Sequence[GpuCondition]) -> Cause:
+def _against(clock_mhz: float, others: Sequence[GpuCondition]) -> tuple[str, bool]:
+    """How the rank's SM clock compares with the others' median, in words, and whether the two are
+    alike; ``("", True)`` with nothing to compare. A clock under :data:`SLOW_CLOCK` of the others' is
+    the clock cause, found before this; one that much above theirs (the others idle, or held by
+    something of their own) is said to be faster, never "like" them."""
     clocks = [g.sm_clock_mhz for g in others if g.sm_clock_mhz is not None]
+    if not clocks:
+        return "", True
+    typical = statistics.median(clocks)
+    if typical < SLOW_CLOCK * clock_mhz:
+        return f", faster than the others ({_mhz(typical)})", False
+    return f" like the others ({_mhz(typical)})", True
+
+
+def _nothing(rank: int, gpu: GpuCondition | None, others: Sequence[GpuCondition]) -> Cause:
+    alike = True
     if gpu is None:
         compared = ("which GPU it uses is not known (its start event named none), and no GPU, node or "
                     "link of the job shows a throttle, an Xid or link errors")
     else:
-        against = f" like the others ({_mhz(statistics.median(clocks))})" if clocks else ""
-        ran = f"ran at {_mhz(gpu.sm_clock_mhz)}{against}" if gpu.sm_clock_mhz is not None else "showed no clock"
+        ran = "showed no clock"
+        if gpu.sm_clock_mhz is not None:
+            against, alike = _against(gpu.sm_clock_mhz, others)
+            ran = f"ran at {_mhz(gpu.sm_clock_mhz)}{against}"
         compared = f"its GPU ({gpu.gpu}) {ran}, with no throttle reason held, no Xid and no link errors"
     evidence: dict[str, Any] = {"compared": "clocks, throttle reasons, Xids, NVLink/PCIe errors, host CPU, data wait"}
     if gpu is not None:
         evidence.update(_gpu_evidence(gpu))
-    return Cause("none", f"Nothing in the hardware differs: {compared}. Look at its data shard or its code "
+    lead = "Nothing in the hardware differs" if alike else "Nothing in its hardware slows it"
+    return Cause("none", f"{lead}: {compared}. Look at its data shard or its code "
                  "(the profile window shows where its step goes).", evidence, rank=rank,
                  gpu=None if gpu is None else gpu.gpu, node=None if gpu is None else gpu.node)
 

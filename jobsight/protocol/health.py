@@ -25,6 +25,14 @@ before a rank went silent, link errors, a saturated host, a tripled data wait, o
 the hardware differs.
 * ``idle_allocation``: GPUs of the job under ``idle_util`` % for ``idle_min_s`` or longer.
 * ``low_utilisation``: the job's mean GPU utilisation under ``low_util`` % over ``low_util_window_s``.
+
+Both say in ``evidence["idle_since"]`` (:data:`IDLE_SINCE`) when the stretch they judged began: the
+earliest sample of the window that found the GPUs idle (or under-used). The evaluator keeps the value
+a finding opened with while it updates it, so it says when the GPUs went idle, not when last judged.
+
+The rank rules (``hung_rank``, ``straggler``) judge named ranks only: steps recorded without a rank
+(a process outside a distributed launch; the step rollup's ``-1``) can neither be blamed nor hold
+the others back, as nothing says which process they are.
 * ``memory_unused``: at the end, no GPU of the job used ``memory_unused_share`` of its memory.
 """
 
@@ -53,6 +61,9 @@ from jobsight.protocol.step_phases import (
 STRAGGLER_ADVICE = "Check its node, GPU clocks and data shard."
 """What a straggler finding advises when the job's hardware was not read."""
 RULES = ("hung_rank", "straggler", "idle_allocation", "low_utilisation", "memory_unused")
+IDLE_SINCE = "idle_since"
+"""Evidence key of the idle and low-utilisation findings: seconds since the epoch (a float) at which
+the judged stretch began."""
 SEVERITIES = ("info", "warning", "critical")
 
 
@@ -113,6 +124,11 @@ class GpuWindow:
     power_mean_w: float | None = None
     """Mean power over the most recent minutes (evidence for a hang)."""
     util_mean_recent: float | None = None
+    idle_first_at: float | None = None
+    """Seconds since the epoch of its earliest sample in the idle window (``None``: not read, taken
+    as the window's start)."""
+    window_first_at: float | None = None
+    """The same for the low-utilisation window."""
 
 
 @dataclass(frozen=True)
@@ -377,13 +393,14 @@ def idle_allocation(job: JobHealthInput, t: HealthThresholds) -> list[Finding]:
     if not idle:
         return []
     names = sorted(g.gpu for g in idle)
+    since = min(job.now - t.idle_min_s if g.idle_first_at is None else g.idle_first_at for g in idle)
     return [Finding(
         "idle_allocation", "", "warning", f"{len(idle)} of {len(job.gpus)} GPUs idle",
         f"{', '.join(names[:8])}{' …' if len(names) > 8 else ''} stayed under {t.idle_util:g} % utilisation for "
         f"the last {_minutes(t.idle_min_s)} or more: allocated and unused. Check that the code runs on them, "
         "or release them.",
         {"idle_gpus": names, "gpus": len(job.gpus), "max_util": {g.gpu: g.idle_max_util for g in idle},
-         "threshold_util": t.idle_util, "window_s": t.idle_min_s},
+         "threshold_util": t.idle_util, "window_s": t.idle_min_s, IDLE_SINCE: since},
         node=idle[0].node if len({g.node for g in idle}) == 1 else None,
         gpu=names[0] if len(names) == 1 else None,
     )]
@@ -398,13 +415,14 @@ def low_utilisation(job: JobHealthInput, t: HealthThresholds) -> list[Finding]:
     mean = total / count
     if mean >= t.low_util:
         return []
+    since = min(job.now - t.low_util_window_s if g.window_first_at is None else g.window_first_at for g in covered)
     return [Finding(
         "low_utilisation", "", "warning", "Low GPU utilisation",
         f"The job's {len(covered)} GPUs averaged {mean:.1f} % utilisation over the last "
         f"{_minutes(t.low_util_window_s)} (under {t.low_util:g} %). Input loading, small batches or waiting on "
         "other ranks are the usual causes; the profile window and the diagnosis say which.",
         {"mean_util": round(mean, 2), "gpus": len(covered), "samples": count, "threshold_util": t.low_util,
-         "window_s": t.low_util_window_s},
+         "window_s": t.low_util_window_s, IDLE_SINCE: since},
     )]
 
 
@@ -421,12 +439,21 @@ def memory_unused(job: JobHealthInput, t: HealthThresholds) -> list[Finding]:
     )]
 
 
+def _named_ranks(job: JobHealthInput) -> JobHealthInput:
+    """``job`` less the steps recorded without a rank (negative: the rollup's ``NO_RANK``)."""
+    if all(r.rank >= 0 for r in job.ranks):
+        return job
+    return dataclasses.replace(job, ranks=[r for r in job.ranks if r.rank >= 0])
+
+
 def evaluate(job: JobHealthInput, t: HealthThresholds, rules: Iterable[str] = RULES) -> list[Finding]:
     """Every finding the named rules give for ``job``."""
     chosen = set(rules)
+    named = _named_ranks(job)
     out: list[Finding] = []
-    for name, rule in (("hung_rank", hung), ("straggler", straggler), ("idle_allocation", idle_allocation),
-                       ("low_utilisation", low_utilisation), ("memory_unused", memory_unused)):
+    for name, rule, judged in (("hung_rank", hung, named), ("straggler", straggler, named),
+                               ("idle_allocation", idle_allocation, job), ("low_utilisation", low_utilisation, job),
+                               ("memory_unused", memory_unused, job)):
         if name in chosen:
-            out.extend(rule(job, t))
+            out.extend(rule(judged, t))
     return out

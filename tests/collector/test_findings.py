@@ -232,3 +232,87 @@ def test_a_hung_job_names_the_rank_still_in_its_forward_pass_once_the_phases_arr
     [finding] = open_findings(conn, job_id)
     assert finding["rank"] is None and "rank 1 stopped first" in finding["message"]
     assert "rank 1 said nothing" in finding["message"]
+
+
+def run_end(job: str, rank: int | None, ts_us: int) -> dict[str, Any]:
+    """The event a rank's ``finish()`` sends (agent/training/torch.py): it is done, not hung."""
+    return {"kind": "log", "job": job, "ts": ts_us, "node": "n1", "rank": rank, "pid": 100 + (rank or 0),
+            "level": "INFO", "logger": "jobsight.run", "message": "run finished", "attrs": {"event": "run_end"}}
+
+
+def test_a_finished_run_whose_steps_name_no_rank_is_never_called_hung(
+    client: Any, conn: psycopg.Connection[dict[str, Any]], job_id: str
+) -> None:
+    """A plain script outside Slurm: steps without a rank, then nothing (its process ended without a
+    word); its job still runs. No rank can be named, so no "Job looks hung" blaming "rank -1"."""
+    now = time.time()
+    t0 = int(now * 1e6) - 600_000_000
+    unnamed = [{k: v for k, v in r.items() if k != "rank"} for r in steps(job_id, 0, t0, 40, 0.5)]
+    assert post(client, gz([started(job_id, t0), *unnamed])).status_code == 200
+    assert conn.execute("SELECT DISTINCT rank FROM step_minutes WHERE job_id = %s", (job_id,)).fetchall() == [
+        {"rank": -1}]
+    result = evaluator(hung_min_s=5).evaluate_once(conn, now)
+    assert [f for f in result.opened if f["job_id"] == job_id] == []
+    assert open_findings(conn, job_id) == []
+
+
+def test_ranks_that_said_they_ended_are_never_hung(client: Any, conn: psycopg.Connection[dict[str, Any]],
+                                                   job_id: str) -> None:
+    now = time.time()
+    t0 = int(now * 1e6) - 300_000_000
+    records = [started(job_id, t0), *steps(job_id, 0, t0, 40, 0.5), *steps(job_id, 1, t0, 40, 0.5)]
+    ended = t0 + 21_000_000
+    assert post(client, gz([*records, run_end(job_id, 0, ended), run_end(job_id, 1, ended)])).status_code == 200
+    health = evaluator(hung_min_s=5)
+    assert [f for f in health.evaluate_once(conn, now).opened if f["job_id"] == job_id] == []
+    # Only rank 0 said so: the job looks hung, and rank 1 is the one named.
+    other = f"{job_id}-b"
+    assert post(client, gz([started(other, t0), *steps(other, 0, t0, 40, 0.5), *steps(other, 1, t0, 40, 0.5),
+                            run_end(other, 0, ended)])).status_code == 200
+    [hung] = [f for f in health.evaluate_once(conn, now).opened if f["job_id"] == other]
+    assert hung["rule"] == "hung_rank" and list(hung["evidence"]["ranks"]) == ["1"]
+    assert "rank 1 stopped first" in hung["message"]
+
+
+def test_a_straggler_that_then_hangs_stays_open_while_its_rank_is_hung(
+    client: Any, conn: psycopg.Connection[dict[str, Any]], job_id: str
+) -> None:
+    """The demo's story: rank 1 falls behind, then hangs and the others wait for it in the all-reduce.
+    The straggler finding does not resolve (nor send its resolve alert) while the hung finding names
+    rank 1: it says so instead, and resolves with the job."""
+    now = time.time()
+    t0 = int(now * 1e6) - 400_000_000
+    rank1 = [{**r, "ts": r["ts"] - 1000, "forward_s": 0.45} for r in steps(job_id, 1, t0, 400, 0.5)]
+    records = [started(job_id, t0), *steps(job_id, 0, t0, 400, 0.5), *rank1, *steps(job_id, 2, t0, 400, 0.5)]
+    assert post(client, gz(records)).status_code == 200
+    last = t0 + int(399 * 0.5 * 1e6)
+    events: list[tuple[str, str]] = []
+
+    def enqueue(_conn: Any, finding: Any, event: str, _job: Any) -> int:
+        if finding["job_id"] == job_id:
+            events.append((finding["rule"], event))
+        return 1
+
+    health = HealthEvaluator(load_health_settings(hung_min_s=5, straggler_window_s=60), enqueue)
+    health.evaluate_once(conn, last / 1e6 + 1)
+    assert events == [("straggler", "opened")]
+
+    # Rank 1 stays in the forward pass of its next step; ranks 0 and 2 wait in backward's all-reduce.
+    reports = [phase_report(job_id, 1, 400, FORWARD, last + 50_000, last + 30_000_000),
+               *(phase_report(job_id, r, 400, BACKWARD, last + 200_000, last + 30_000_000) for r in (0, 2))]
+    assert post(client, gz(reports)).status_code == 200
+    for later_s in (100, 160):  # past the straggler window: no step in it, the rule alone would let go
+        result = health.evaluate_once(conn, last / 1e6 + later_s)
+        assert not [f for f in result.resolved if f["job_id"] == job_id]
+    assert events == [("straggler", "opened"), ("hung_rank", "opened")]
+    by_rule = {f["rule"]: f for f in open_findings(conn, job_id)}
+    assert by_rule["hung_rank"]["rank"] == 1 and by_rule["straggler"]["rank"] == 1
+    assert by_rule["straggler"]["message"].endswith("It has since stopped stepping: see the hung finding.")
+    assert by_rule["straggler"]["message"].count("stopped stepping") == 1
+    assert by_rule["straggler"]["evidence"]["hung"] is True
+
+    ended = {"kind": "job_ended", "job": job_id, "ts": int(now * 1e6), "node": "n1", "state": "CANCELLED"}
+    assert post(client, gz([ended])).status_code == 200
+    health.evaluate_once(conn, now + 1)
+    assert open_findings(conn, job_id) == []
+    assert sorted(events[2:]) == [("hung_rank", "resolved"), ("straggler", "resolved")]

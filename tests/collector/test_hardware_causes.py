@@ -25,6 +25,7 @@ from jobsight.agent.node.nvml import NvmlSampler
 from jobsight.collector.config.alerts import load_alert_settings
 from jobsight.collector.config.health import load_health_settings
 from jobsight.collector.passes.findings import HealthEvaluator
+from jobsight.collector.passes.notices import notice_key
 from jobsight.collector.passes.suspects import alert_suspects
 from jobsight.collector.query.suspects import suspect_gpus
 from jobsight.protocol.report_text import format_report
@@ -178,6 +179,26 @@ def test_a_slow_rank_on_healthy_hardware_is_told_so_not_given_a_made_up_cause(
         assert word not in f["message"]
 
 
+def test_a_slow_rank_whose_gpu_clocks_higher_than_the_others_is_not_said_to_run_like_them(
+    client: Any, conn: psycopg.Connection[dict[str, Any]], fake_library: Path, tmp_path: Path, job_id: str
+) -> None:
+    """Every GPU but rank 6's at 990 MHz (held by nothing NVML names, as when the others idle in a
+    collective), rank 6's at 1,980 MHz: the words follow the numbers ("faster", not "like")."""
+    now = time.time()
+    start = int((now - 130) * 1e6)
+    low = {"sm_clock_mhz": 990}
+    run_job(client, fake_library, tmp_path, job_id, start, 130,
+            ({i: low for i in range(4)}, {i: low for i in (0, 1, 3)}), {6: 2.0})
+    f = opened(conn, job_id, now)[("straggler", "rank 6")]
+    assert f["evidence"]["cause"]["kind"] == "none"
+    assert f["evidence"]["cause"]["sm_clock_mhz"] == 1980
+    assert f["message"].endswith(
+        f"Nothing in its hardware slows it: its GPU ({nodes(job_id)[1]}/2) ran at 1,980 MHz, faster than the "
+        "others (990 MHz), with no throttle reason held, no Xid and no link errors. Look at its data shard or its "
+        "code (the profile window shows where its step goes)."), f["message"]
+    assert "like the others" not in f["message"]
+
+
 def test_an_xid_79_then_its_ranks_silence_is_a_hung_finding_naming_the_xid_the_gpu_and_the_time(
     client: Any, conn: psycopg.Connection[dict[str, Any]], fake_library: Path, tmp_path: Path, job_id: str
 ) -> None:
@@ -246,7 +267,7 @@ def test_a_gpu_whose_nvlink_crc_errors_grow_across_three_jobs_is_a_suspect_with_
     assert alert_suspects(conn, health, alerts, now) >= 1
     assert alert_suspects(conn, health, alerts, now) == 0
     notice = conn.execute("SELECT kind, sink, title, lines FROM notices WHERE key = %s",
-                          (f"suspect:{node}/3:{until:%G}-W{until:%V}",)).fetchone()
+                          (notice_key("suspect", "default", f"{node}/3", f"{until:%G}-W{until:%V}"),)).fetchone()
     assert notice is not None and notice["kind"] == "suspect" and notice["sink"] == "ops"
     assert any(mine[0].drain_line() in json.dumps(line) for line in notice["lines"]["lines"]), notice["lines"]
 

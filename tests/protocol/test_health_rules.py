@@ -158,3 +158,34 @@ def test_a_lone_hung_rank_says_where_it_is() -> None:
     found = evaluate(job, T)
     assert [(f.subject, f.rank) for f in found] == [("rank 1", 1)]
     assert "It is waiting for the batch of step 12 (since " in found[0].message
+
+
+# -- what the rules may not say ----------------------------------------------------------------
+
+def test_a_rank_the_records_did_not_name_is_never_hung_nor_a_straggler() -> None:
+    """Steps sent without a rank are rolled up under -1 (a script outside any launcher, a run outside
+    Slurm that finished without a word): nothing says which process that is, so it is never blamed."""
+    finished = RankSteps(-1, NOW - 900, 0.5, 0)
+    assert rules(JobHealthInput("j", NOW, True, [finished])) == []
+    # Beside named ranks that step on: neither a lone hung rank nor a straggler.
+    slow = RankSteps(-1, NOW - 1, 0.5, 100, 0.5, 0.9)
+    named = ranks((1, 0.5), (1, 0.5), own=(0.2, 0.21))
+    assert rules(JobHealthInput("j", NOW, True, [finished, *named])) == []
+    assert rules(JobHealthInput("j", NOW, True, [slow, *named])) == []
+    # The named ranks are still judged as before.
+    assert rules(JobHealthInput("j", NOW, True, [finished, *ranks((1, 0.5), (130, 0.5))])) == [("hung_rank", "rank 1")]
+
+
+def test_idle_findings_say_when_the_stretch_they_judged_began() -> None:
+    read = [GpuWindow("n1/0", "n1", NOW - 4000, NOW - 1, 2.0, 2.0 * 3600, 3600, idle_first_at=NOW - 1810,
+                      window_first_at=NOW - 3605),
+            GpuWindow("n1/1", "n1", NOW - 4000, NOW - 1, 1.0, 1.0 * 3600, 3600, idle_first_at=NOW - 1820,
+                      window_first_at=NOW - 3620)]
+    by_rule = {f.rule: f for f in evaluate(JobHealthInput("j", NOW, True, (), read), T)}
+    assert by_rule["idle_allocation"].evidence["idle_since"] == NOW - 1820
+    assert by_rule["low_utilisation"].evidence["idle_since"] == NOW - 3620
+    # Windows given without their first samples: the windows' starts.
+    bare = [GpuWindow("n1/0", "n1", NOW - 4000, NOW - 1, 2.0, 2.0 * 3600, 3600)]
+    by_rule = {f.rule: f for f in evaluate(JobHealthInput("j", NOW, True, (), bare), T)}
+    assert by_rule["idle_allocation"].evidence["idle_since"] == NOW - T.idle_min_s
+    assert by_rule["low_utilisation"].evidence["idle_since"] == NOW - T.low_util_window_s
