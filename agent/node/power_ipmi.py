@@ -12,7 +12,8 @@ on its own thread, so a BMC that stops answering costs that thread ``timeout_s``
 
 Secrets: the password reaches ipmitool as a file (``-f``), never as ``-P``: a command line is
 readable in ``/proc/<pid>/cmdline`` by every local user. Nothing here reads the password, so no
-message can hold it.
+message can hold it. The file must be root's (or the daemon's user's) and closed to group and others
+(:mod:`jobsight.agent.node.credential_files`), checked before each run of ipmitool.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import subprocess
 from dataclasses import dataclass
 from typing import Final
 
+from jobsight.agent.node.credential_files import UnsafeCredentialFile, check_credential_file
 from jobsight.agent.node.node_power import PowerReadError
 
 _INTERFACES: Final = ("lanplus", "lan", "open")
@@ -125,9 +127,8 @@ def read_ipmi_power_w(target: IpmiTarget) -> float:
     Raises :class:`PowerReadError` (``refused=True`` when the BMC refused the user or password)
     with a one-line reason that never holds the password.
     """
-    if target.password_file is not None and target.host is not None and not os.access(target.password_file, os.R_OK):
-        # ipmitool would fall back to prompting for the password on the terminal.
-        raise PowerReadError(f"cannot read the IPMI password file {target.password_file}")
+    if target.password_file is not None and target.host is not None:
+        check_password_file(target.password_file)
     try:
         done = subprocess.run(
             ipmitool_argv(target),
@@ -152,6 +153,21 @@ def read_ipmi_power_w(target: IpmiTarget) -> float:
     if target.sensor is None:
         return _parse_dcmi(target, out, err)
     return _parse_sensor(target, out, err)
+
+
+def check_password_file(path: str) -> None:
+    """Raise :class:`PowerReadError` (naming the file, never its content) unless ``path`` is a password
+    file ipmitool can read that nobody but root or the daemon's user can read or change."""
+    if not os.access(path, os.R_OK):
+        # ipmitool would fall back to prompting for the password on the terminal.
+        raise PowerReadError(f"cannot read the IPMI password file {path}")
+    try:
+        check_credential_file(path)
+    except OSError as exc:
+        raise PowerReadError(f"cannot read the IPMI password file {path}: {exc.strerror or type(exc).__name__}") \
+            from None
+    except UnsafeCredentialFile as exc:
+        raise PowerReadError(f"not using the IPMI password file: {exc}") from None
 
 
 def _parse_dcmi(target: IpmiTarget, out: str, err: str) -> float:

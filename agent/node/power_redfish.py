@@ -15,6 +15,8 @@ line is ``user:password`` (split at the first colon, so the password may hold co
 newline is dropped, nothing else is stripped). The file is read on every reading, so a rotated
 password is taken up without a restart. The password is never put in a message, a log line or an
 exception: every error names the file instead. Credentials in the URL are refused for that reason.
+The file must be root's (or the daemon's user's) and closed to group and others
+(:mod:`jobsight.agent.node.credential_files`), checked on the open file at each reading.
 
 The BMC's certificate is always verified, against ``ca_file`` when given (BMCs mostly carry a
 site's own CA or a self-signed certificate) and the system's CAs otherwise; ``insecure=True``
@@ -28,12 +30,14 @@ import http.client
 import json
 import logging
 import math
+import os
 import ssl
 import time
 import urllib.parse
 from dataclasses import dataclass
 from typing import Any, Final
 
+from jobsight.agent.node.credential_files import UnsafeCredentialFile, check_credential_stat
 from jobsight.agent.node.node_power import PowerReadError
 
 log = logging.getLogger("jobsight.agent.power")
@@ -143,10 +147,14 @@ class RedfishReader:
             return None
         try:
             with open(name, "rb") as handle:
+                # The file as opened, not its path again: what is checked is what is read.
+                check_credential_stat(name, os.fstat(handle.fileno()))
                 raw = handle.readline(4096)
         except OSError as exc:
             raise PowerReadError(f"cannot read the BMC credentials file {name}: {exc.strerror or type(exc).__name__}") \
                 from None
+        except UnsafeCredentialFile as exc:
+            raise PowerReadError(f"not using the BMC credentials file: {exc}") from None
         try:
             line = raw.decode("utf-8").rstrip("\r\n")
         except UnicodeDecodeError:

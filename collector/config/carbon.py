@@ -16,7 +16,12 @@ country = "FRA"                 # or "FR"; or region = "quebec" (a US state or C
 # intensity_g_per_kwh = 45      # the site's own figure, instead of the country's
 # series_url = "https://api.electricitymaps.com/v3/carbon-intensity/history?zone=FR"
 # series_token_file = "/etc/jobsight/electricitymaps_token"
+# series_ca_file = "/etc/ssl/site-ca.pem"  # an endpoint of the site's own, with a certificate of its CA
 ```
+
+The endpoint is HTTPS only, its certificate checked (the system's CAs, or ``series_ca_file``): the
+token travels with every request, and an ``http://`` URL stops the collector with a message naming
+``series_url``.
 
 The yearly dataset is read here (the JSON files codecarbon ships; its package is never imported:
 it imports pandas and psutil on the way), so that an unknown country or region stops the start.
@@ -26,6 +31,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import ssl
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -181,9 +187,12 @@ class CarbonSettings(TomlTableSettings):
     say no zone; g/kWh; ``carbon_intensity`` too), or an Electricity Maps data-portal download
     (``Datetime (UTC)``, ``Carbon Intensity gCO₂eq/kWh (life cycle assessment)``). Re-read when it changes."""
     series_url: str | None = None
-    """An http(s) endpoint answering like Electricity Maps' ``carbon-intensity/history``."""
+    """An ``https://`` endpoint answering like Electricity Maps' ``carbon-intensity/history`` (never
+    ``http://``: its token would travel in clear)."""
     series_token_file: str | None = None
     """A file holding the endpoint's token, sent as the ``auth-token`` header (and never logged)."""
+    series_ca_file: str | None = None
+    """The CA bundle (PEM) that signed the endpoint's certificate; ``None``: the system's CAs."""
     series_cache_s: float = Field(3600.0, gt=0)
     """How long an answer of the endpoint is used, a failure included (no retry storm)."""
 
@@ -221,8 +230,9 @@ class CarbonSettings(TomlTableSettings):
         if value is None:
             return None
         parts = urlsplit(value)  # the message never quotes the URL: it may carry a key
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ValueError("give an http:// or https:// URL with a host")
+        if parts.scheme != "https" or not parts.hostname:
+            # The token goes with every request: never in clear (the message never quotes the URL).
+            raise ValueError("give an https:// URL with a host (not http://: the token would travel in clear)")
         if info.data.get("series_csv") is not None:
             raise ValueError("set series_csv or series_url, not both")
         _needs_fallback(info)
@@ -236,6 +246,19 @@ class CarbonSettings(TomlTableSettings):
         if info.data.get("series_url") is None:
             raise ValueError("a token file is for series_url, which is not set")
         read_token(value)
+        return value
+
+    @field_validator("series_ca_file")
+    @classmethod
+    def _ca_file(cls, value: str | None, info: ValidationInfo) -> str | None:
+        if value is None:
+            return None
+        if info.data.get("series_url") is None:
+            raise ValueError("a CA file is for series_url, which is not set")
+        try:
+            ssl.create_default_context(cafile=value)
+        except (OSError, ssl.SSLError) as exc:
+            raise ValueError(f"not a readable PEM CA bundle ({getattr(exc, 'strerror', None) or exc})") from None
         return value
 
     def series_host(self) -> str | None:

@@ -44,6 +44,7 @@ from urllib.parse import parse_qsl, unquote
 
 from jobsight.collector.config.alerts import quiet_apprise_logging
 from jobsight.protocol import links
+from jobsight.protocol.terminal_text import UNSAFE
 
 if TYPE_CHECKING:
     from apprise.plugins.base import NotifyBase
@@ -59,7 +60,7 @@ WORD_CHARS: Final = 80
 GPU name in a finding's message is cut here."""
 ELLIPSIS: Final = "…"
 TITLE_ID_CHARS: Final = 40
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u200b-\u200f\u2028-\u202e\u2060-\u2069\ufeff]")
+_CONTROL = UNSAFE  # the one list of control, bidi and invisible characters (the CLI escapes the same)
 _LONG_WORD = re.compile(rf"\S{{{WORD_CHARS + 1},}}")
 _ZWSP: Final = "\u200b"
 

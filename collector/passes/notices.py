@@ -8,6 +8,15 @@ markup of its sink, and marks it sent in the same transaction; a failure counts 
 next one after the alerts' doubling backoff (``retry_base_s`` .. ``retry_max_s``), up to
 ``max_attempts``. A recipient without an address is not enqueued: the step or report is still
 recorded where it belongs (actions, the job's page), only the e-mail is missing.
+
+Keys are per cluster (:func:`notice_key`): the same job id, or the same node name, in two clusters
+is two notices. The outbox's unique index is ``(job_id, key, sink)``, so the cluster is part of the
+key's text (percent-encoded: no cluster name can run into the parts after it). Keys written before
+they held the cluster keep their meaning: a caller passes the key the same notice had then
+(``legacy_key``), and a row under it *of the same cluster* (the row's ``cluster`` column) means the
+notice was queued or sent already, so an upgrade resends nothing. A notice that such an old key made
+a silent "duplicate" of another cluster's (the loss this fixes) is written, since that row is of the
+other cluster.
 """
 
 from __future__ import annotations
@@ -16,6 +25,7 @@ import logging
 import threading
 from collections.abc import Sequence
 from typing import Any, Final
+from urllib.parse import quote
 
 import psycopg
 from psycopg.rows import dict_row
@@ -36,6 +46,12 @@ _ENQUEUE = """
 INSERT INTO notices (cluster, job_id, kind, sink, key, title, lines, notify_type)
 VALUES (%(cluster)s, %(job_id)s, %(kind)s, %(sink)s, %(key)s, %(title)s, %(lines)s, %(notify_type)s)
 ON CONFLICT (job_id, key, sink) DO NOTHING
+"""
+
+# A row of the same notice under the key it had before keys held the cluster (see the module's docstring).
+_QUEUED_BEFORE = """
+SELECT EXISTS (SELECT 1 FROM notices
+               WHERE job_id = %(job_id)s AND key = %(key)s AND sink = %(sink)s AND cluster = %(cluster)s) AS queued
 """
 
 _DUE = """
@@ -76,19 +92,38 @@ def user_sink(settings: AlertSettings, user_name: str | None) -> str | None:
     return None
 
 
+def notice_key(what: str, cluster: str, *parts: object) -> str:
+    """The outbox key of a notice of ``cluster``: ``what`` (``job_end``, ``suspect``...), the cluster
+    percent-encoded (it holds no ``:``), then ``parts``, ``:``-joined: ``job_end:default:0``."""
+    return ":".join([what, quote(cluster, safe=""), *(str(part) for part in parts)])
+
+
 def enqueue(conn: Connection | psycopg.Connection[Any], *, cluster: str, job_id: str, kind: str,
-            sinks: Sequence[str | None], key: str, message: Message) -> int:
-    """Write ``message`` for each sink (``None`` ones skipped) under ``key``; returns the rows written
-    (0 for sinks that already have it)."""
+            sinks: Sequence[str | None], key: str, message: Message, legacy_key: str | None = None) -> int:
+    """Write ``message`` for each sink (``None`` ones skipped) under ``key`` (:func:`notice_key`);
+    returns the rows written (0 for sinks that already have it). ``legacy_key``: the key this notice
+    had before keys held the cluster; a sink with a row of ``cluster`` under it is skipped (``None``:
+    a notice that never had another key)."""
     if kind not in KINDS:
         raise ValueError(f"notice kind must be one of {KINDS}, not {kind!r}")
     written = 0
     for sink in dict.fromkeys(s for s in sinks if s):
+        if legacy_key is not None and _queued_before(conn, cluster, job_id, legacy_key, sink):
+            continue
         cursor = conn.execute(_ENQUEUE, {
             "cluster": cluster, "job_id": job_id, "kind": kind, "sink": sink, "key": key, "title": message.title,
             "lines": Jsonb(to_json(message)), "notify_type": message.kind})
         written += max(cursor.rowcount, 0)
     return written
+
+
+def _queued_before(conn: Connection | psycopg.Connection[Any], cluster: str, job_id: str, key: str,
+                   sink: str) -> bool:
+    """Whether ``sink`` has a row of ``cluster`` under ``key``, a key of before keys held the cluster."""
+    row = conn.execute(_QUEUED_BEFORE, {"cluster": cluster, "job_id": job_id, "key": key, "sink": sink}).fetchone()
+    if row is None:
+        return False
+    return bool(row["queued"] if isinstance(row, dict) else row[0])
 
 
 class NoticeSender:

@@ -153,8 +153,10 @@ class Reports:
             state = job_states.describe(row["state"], row["exit_code"])
             message = notice_messages.job_end(row, state, job_end_report(conn, row, self.dashboard_url, self.carbon),
                                               self.dashboard_url)
+            run = row.get("run") or 0
             if notices.enqueue(conn, cluster=row["cluster"], job_id=row["job_id"], kind="job_end", sinks=[sink],
-                               key=f"job_end:{row.get('run') or 0}", message=message):
+                               key=notices.notice_key("job_end", row["cluster"], run), legacy_key=f"job_end:{run}",
+                               message=message):
                 written.append(row["job_id"])
         self.since = since
         return written
@@ -183,6 +185,8 @@ class Reports:
             message = notice_messages.period_report(
                 whom=whom if what == "user" else f"account {whom}", label=label, totals=_totals(theirs),
                 worst=worst[:self.settings.worst_jobs], dashboard_url=self.dashboard_url)
+            # One report per person and period across every cluster this collector serves (as the address
+            # book is one per user name), so its key names the audience, not a cluster: nothing collides.
             if notices.enqueue(conn, cluster=theirs[0]["cluster"], job_id="", kind="report", sinks=sinks,
                                key=f"report:{self.settings.report_period}:{start:%Y-%m-%d}:{what}:{whom}",
                                message=message):

@@ -11,7 +11,8 @@ so a page listing many jobs, or an endpoint that is down, costs one request per 
 file until its modification time or size changes. Both are read up to :data:`MAX_SERIES_BYTES`.
 An endpoint's token is read from its file at each request (a rotated one is picked up), sent as
 ``auth-token`` and never logged; the endpoint is named by its host only (its path or query may
-carry a key), and redirects are refused (urllib would send the token on to the new host).
+carry a key), and redirects are refused (urllib would send the token on to the new host). Only HTTPS,
+the certificate verified against ``series_ca_file`` or the system's CAs: the token never travels in clear.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import json
 import logging
 import math
 import os
+import ssl
 import threading
 import time
 import urllib.error
@@ -173,7 +175,11 @@ class _NoRedirect(urllib.request.HTTPRedirectHandler):
         return None
 
 
-_OPENER = urllib.request.build_opener(_NoRedirect)
+def _opener(ca_file: str | None) -> urllib.request.OpenerDirector:
+    """An opener that verifies the endpoint's certificate (against ``ca_file``, else the system's CAs),
+    follows no redirect and speaks nothing but HTTPS (the settings take no other URL)."""
+    context = ssl.create_default_context(cafile=ca_file)
+    return urllib.request.build_opener(_NoRedirect, urllib.request.HTTPSHandler(context=context))
 
 
 class CarbonIntensity:
@@ -188,6 +194,7 @@ class CarbonIntensity:
         self._read_at = -math.inf  # time.monotonic() of the last request (the endpoint)
         self._file_key: tuple[int, int] | None = None  # (mtime_ns, size) of the file last read
         self._failing = False
+        self._opener = _opener(settings.series_ca_file) if settings.series_url is not None else None
 
     def _read_yearly(self) -> Intensity | None:
         settings = self.settings
@@ -308,8 +315,10 @@ class CarbonIntensity:
             except ValueError as exc:
                 raise SeriesError(str(exc)) from None
         request = urllib.request.Request(url, headers=headers)
+        if self._opener is None or request.type != "https":
+            raise SeriesError("the endpoint must be https://")  # the settings refuse any other; kept here too
         try:
-            with _OPENER.open(request, timeout=HTTP_TIMEOUT_S) as answer:
+            with self._opener.open(request, timeout=HTTP_TIMEOUT_S) as answer:
                 body = answer.read(MAX_SERIES_BYTES + 1)
         except urllib.error.HTTPError as exc:
             exc.close()

@@ -8,7 +8,12 @@ jobs that ended in the period (``gpus[].faults``, collector/jobs/gpu_faults.py) 
 reaches the first two for a Slurm job (collector/ingest/self_reported.py); a run outside Slurm
 speaks for its own GPUs, so its rows are counted but marked (``self_reported``).
 
-A suspect gets a suggested drain line for the admin to run; jobsight never drains by itself.
+A suspect gets a suggested drain line for the admin to run, and only one that hurt at least the site's
+``suspect_alert_jobs`` distinct jobs (collector/config/health.py, 3 by default) in the period: one
+failed job is as likely the job's doing (or bad luck) as the GPU's, and a drain takes a node from
+everyone. A GPU under that count is worth watching, and said so (:meth:`SuspectGpu.drain_suggestion`).
+The distinct users of its jobs are counted and shown (``users``), so an admin sees a GPU that only
+one user's jobs found wanting. jobsight never drains by itself.
 """
 
 from __future__ import annotations
@@ -32,7 +37,8 @@ _NODE: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")
 
 _XIDS: Final = """
 SELECT e.cluster, e.node, e.gpu_index, max(e.gpu_uuid) AS gpu_uuid, e.code, e.job_id, count(*) AS n,
-       min(e.ts) AS first_at, max(e.ts) AS last_at, bool_or(j.user_name IS NULL) AS self_reported
+       min(e.ts) AS first_at, max(e.ts) AS last_at, bool_or(j.user_name IS NULL) AS self_reported,
+       max(j.user_name) AS user_name
 FROM gpu_events e LEFT JOIN jobs j ON j.cluster = e.cluster AND j.job_id = e.job_id
 WHERE e.ts >= %(since)s AND e.ts <= %(until)s AND e.event = 'xid'
   AND (%(cluster)s::text IS NULL OR e.cluster = %(cluster)s)
@@ -41,7 +47,7 @@ GROUP BY e.cluster, e.node, e.gpu_index, e.code, e.job_id
 
 _FAULTS: Final = """
 SELECT s.cluster, s.job_id, g->>'node' AS node, (g->>'gpu_index')::int AS gpu_index, g->>'gpu_uuid' AS gpu_uuid,
-       g->'faults' AS faults, j.end_time AS at, j.user_name IS NULL AS self_reported
+       g->'faults' AS faults, j.end_time AS at, j.user_name IS NULL AS self_reported, j.user_name
 FROM job_summaries s JOIN jobs j ON j.cluster = s.cluster AND j.job_id = s.job_id,
      jsonb_array_elements(s.summary->'gpus') g
 WHERE j.end_time >= %(since)s AND j.end_time <= %(until)s AND g ? 'faults'
@@ -49,11 +55,11 @@ WHERE j.end_time >= %(since)s AND j.end_time <= %(until)s AND g ? 'faults'
 """
 
 _FINDINGS: Final = """
-SELECT cluster, job_id, gpu, rule, evidence->'cause'->>'kind' AS cause, opened_at AS at
-FROM findings
-WHERE opened_at >= %(since)s AND opened_at <= %(until)s AND rule IN ('straggler', 'hung_rank')
-  AND gpu IS NOT NULL AND evidence->'cause'->>'kind' = ANY(%(causes)s)
-  AND (%(cluster)s::text IS NULL OR cluster = %(cluster)s)
+SELECT f.cluster, f.job_id, f.gpu, f.rule, f.evidence->'cause'->>'kind' AS cause, f.opened_at AS at, j.user_name
+FROM findings f LEFT JOIN jobs j ON j.cluster = f.cluster AND j.job_id = f.job_id
+WHERE f.opened_at >= %(since)s AND f.opened_at <= %(until)s AND f.rule IN ('straggler', 'hung_rank')
+  AND f.gpu IS NOT NULL AND f.evidence->'cause'->>'kind' = ANY(%(causes)s)
+  AND (%(cluster)s::text IS NULL OR f.cluster = %(cluster)s)
 """
 
 
@@ -70,6 +76,8 @@ class SuspectGpu:
     findings: dict[str, int] = field(default_factory=dict)
     """Rule → findings whose cause was this GPU."""
     jobs: set[str] = field(default_factory=set)
+    users: set[str] = field(default_factory=set)
+    """The users of those jobs that a prolog named (a run outside Slurm has none)."""
     last_at: dt.datetime | None = None
     self_reported: bool = False
     """Some of it came from a run outside Slurm, which speaks for its own GPUs."""
@@ -89,19 +97,34 @@ class SuspectGpu:
     def drain_line(self) -> str | None:
         """The ``scontrol`` line that would drain its node, for an admin to run; ``None`` when the
         node's name is not a plain host name (it came from records, and a line must never carry
-        what a shell would read)."""
+        what a shell would read). Whether to suggest it is :meth:`drain_suggestion`'s to say."""
         if self.node is None or not _NODE.fullmatch(self.node):
             return None
         reason = f"jobsight: GPU {self.gpu_index} hurt {len(self.jobs)} jobs ({self.what()})"[:200]
         return f"scontrol update NodeName={self.node} State=DRAIN Reason={shlex.quote(reason)}"
 
-    def as_json(self) -> dict[str, Any]:
+    def worth_watching(self, min_jobs: int) -> bool:
+        """Whether it hurt too few distinct jobs for a drain to be suggested: under ``min_jobs``
+        (the site's ``suspect_alert_jobs``; 0: never suggested)."""
+        return min_jobs <= 0 or len(self.jobs) < min_jobs
+
+    def drain_suggestion(self, min_jobs: int) -> str | None:
+        """The drain line to suggest: :meth:`drain_line` for a GPU that hurt at least ``min_jobs``
+        distinct jobs; ``None`` for one that is only worth watching, or whose node's name is not a
+        plain host name."""
+        return None if self.worth_watching(min_jobs) else self.drain_line()
+
+    def as_json(self, min_jobs: int) -> dict[str, Any]:
+        """The API's and the page's row; ``drain`` is :meth:`drain_suggestion` at ``min_jobs``."""
         return {"cluster": self.cluster, "node": self.node, "gpu_index": self.gpu_index, "gpu": self.gpu,
                 "gpu_uuid": self.gpu_uuid, "xids": {str(k): v for k, v in sorted(self.xids.items())},
                 "faults": dict(sorted(self.faults.items())), "findings": dict(sorted(self.findings.items())),
-                "jobs": sorted(self.jobs), "job_count": len(self.jobs),
+                "jobs": sorted(self.jobs), "job_count": len(self.jobs), "user_count": len(self.users),
                 "last_at": None if self.last_at is None else self.last_at.isoformat(),
-                "self_reported": self.self_reported, "summary": self.what(), "drain": self.drain_line()}
+                "self_reported": self.self_reported, "summary": self.what(),
+                "drain": self.drain_suggestion(min_jobs), "drain_min_jobs": min_jobs,
+                "worth_watching": self.worth_watching(min_jobs),
+                "plain_node": self.node is not None and _NODE.fullmatch(self.node) is not None}
 
 
 def _later(a: dt.datetime | None, b: dt.datetime | None) -> dt.datetime | None:
@@ -127,6 +150,7 @@ def suspect_gpus(conn: Connection, since: dt.datetime, until: dt.datetime,
         g = gpu(r["cluster"], r["node"], int(r["gpu_index"]), r["gpu_uuid"])
         g.xids[int(r["code"])] = g.xids.get(int(r["code"]), 0) + int(r["n"])
         g.jobs.add(r["job_id"])
+        g.users.update([r["user_name"]] if r["user_name"] else [])
         g.last_at = _later(g.last_at, r["last_at"])
         g.self_reported |= bool(r["self_reported"])
     for r in conn.execute(_FAULTS, params):
@@ -138,6 +162,7 @@ def suspect_gpus(conn: Connection, since: dt.datetime, until: dt.datetime,
             elif isinstance(value, int):
                 g.faults[name] = g.faults.get(name, 0) + value
         g.jobs.add(r["job_id"])
+        g.users.update([r["user_name"]] if r["user_name"] else [])
         g.last_at = _later(g.last_at, r["at"])
         g.self_reported |= bool(r["self_reported"])
     for r in conn.execute(_FINDINGS, params):
@@ -147,5 +172,6 @@ def suspect_gpus(conn: Connection, since: dt.datetime, until: dt.datetime,
         g = gpu(r["cluster"], node or None, int(index))
         g.findings[r["rule"]] = g.findings.get(r["rule"], 0) + 1
         g.jobs.add(r["job_id"])
+        g.users.update([r["user_name"]] if r["user_name"] else [])
         g.last_at = _later(g.last_at, r["at"])
     return sorted(by.values(), key=lambda g: (-len(g.jobs), g.cluster, g.node or "", g.gpu_index))

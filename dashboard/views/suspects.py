@@ -2,9 +2,11 @@
 error counters that rose, memory flags, straggler and hung findings they caused — with the jobs
 each touched, each opening its job's page, and the line that would drain its node.
 
-jobsight never drains a node by itself: the line is a suggestion for an admin to read and run. It
-is shown as code, never as Markdown; a node whose name a shell could read gets no line at all
-(:meth:`jobsight.collector.query.suspects.SuspectGpu.drain_line`)."""
+jobsight never drains a node by itself: the line is a suggestion for an admin to read and run, made
+only for a GPU that hurt at least the site's ``suspect_alert_jobs`` distinct jobs (3 by default); one
+that hurt fewer is shown as worth watching. The line is shown as code, never as Markdown; a node whose
+name a shell could read gets no line at all
+(:meth:`jobsight.collector.query.suspects.SuspectGpu.drain_suggestion`)."""
 
 from __future__ import annotations
 
@@ -44,7 +46,8 @@ days = int(st.number_input("Days", min_value=1, max_value=MOST_DAYS, step=1, key
                            help="how far back to look, up to now"))
 url_state.store(FILTERS)
 st.caption("jobsight never drains a node by itself: each line below is a suggestion for an admin to check and "
-           "run. Xids an application raises itself (13, 31, 43, 45) are not held against a GPU.")
+           "run, made only for a GPU that hurt several jobs; one that hurt fewer is worth watching. Xids an "
+           "application raises itself (13, 31, 43, 45) are not held against a GPU.")
 
 # Whole minutes, the end rounded up: the read is cached by its arguments, and a bound that moved every
 # rerun would miss; rounded up, an Xid of the last seconds is still in.
@@ -61,6 +64,7 @@ def _table(rows: list[dict[str, Any]]) -> pd.DataFrame:
         "GPU": [r["gpu"] for r in rows],
         "cluster": [r["cluster"] for r in rows],
         "jobs": [r["job_count"] for r in rows],
+        "users": [r["user_count"] for r in rows],
         "job ids": [r["jobs"] for r in rows],
         "what it did": [r["summary"] for r in rows],
         "last seen": pd.to_datetime([r["last_at"] for r in rows], utc=True),
@@ -81,7 +85,11 @@ def _gpu(gpu: Mapping[str, Any]) -> None:
                                             if gpu["self_reported"] else ""))
         if gpu["drain"]:
             st.code(gpu["drain"], language="bash")
-        else:
+        if gpu["worth_watching"]:
+            st.info(f"Worth watching: it hurt {gpu['job_count']} job(s) of {gpu['user_count']} user(s). "
+                    + (f"A drain is suggested from {gpu['drain_min_jobs']} jobs on (suspect_alert_jobs)."
+                       if gpu["drain_min_jobs"] > 0 else "No drain is suggested (suspect_alert_jobs is 0)."))
+        if not gpu["plain_node"]:
             st.warning(f"No drain line: the node's name {plain(gpu['node'] or 'unknown')} is not a plain host name, "
                        "so jobsight puts it in no command.")
         st.dataframe(_jobs(gpu), hide_index=True, width="stretch", column_config={

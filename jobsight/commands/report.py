@@ -6,6 +6,11 @@ token when the collector is on loopback): inside a job, the task prolog's job to
 reads that job. Standard library only. Problems are one line on stderr (exit 1 for
 an unreachable collector or an unknown job, 2 for a refused token).
 
+What it prints came from a job and its user (a name, a node, a finding's message): the report text is
+terminal-safe (:mod:`jobsight.protocol.terminal_text`), ``--json`` writes every character outside
+ASCII and every control character as a JSON escape, and the collector's words in an error are made
+terminal-safe too (they may quote the job).
+
 The dashboard links (the job's page, each finding's moment on it, the audit of the job's days)
 are built by :mod:`jobsight.protocol.links` under the dashboard's public URL, which the
 collector's summary answer gives (``JOBSIGHT_DASHBOARD_URL`` on the collector's side).
@@ -24,6 +29,7 @@ from jobsight.agent.settings import AgentSettings, load_agent_settings
 from jobsight.agent.shipping.client import CollectorClient
 from jobsight.commands.cli_error import CliError
 from jobsight.protocol.report_text import format_report
+from jobsight.protocol.terminal_text import terminal_safe
 
 TIMEOUT_S: Final = 10.0
 
@@ -39,11 +45,12 @@ def _get(client: CollectorClient, path: str, query: dict[str, str]) -> Any:
     answer = client.request("GET", path, query=query)
     url = client.settings.url
     if answer.status == 0:
-        raise CliError(f"cannot reach the collector at {url} ({answer.error})", code=1)
+        raise CliError(f"cannot reach the collector at {url} ({terminal_safe(answer.error)})", code=1)
     if answer.status != 200:
         parsed = answer.json()
         detail = parsed.get("detail") if isinstance(parsed, dict) else None
-        message = detail.get("error") if isinstance(detail, dict) else detail
+        said = detail.get("error") if isinstance(detail, dict) else detail
+        message = None if said is None else terminal_safe(said)
         if answer.status == 404:
             raise CliError(f"{message or 'not found'}", code=1)
         if answer.status in (401, 403):
@@ -75,7 +82,9 @@ def run(name: str, args: argparse.Namespace) -> int:
     cluster = args.cluster or (settings.cluster if settings.cluster != "default" else None)
     job, answer = fetch(settings, args.job, cluster)
     if args.json:
-        sys.stdout.write(json.dumps({"job": job, **answer}, indent=2, sort_keys=True, default=str) + "\n")
+        # ensure_ascii: ESC, CSI, bidi overrides... are written as \u escapes, never as themselves.
+        sys.stdout.write(json.dumps({"job": job, **answer}, indent=2, sort_keys=True, default=str,
+                                    ensure_ascii=True) + "\n")
     else:
         sys.stdout.write(format_report(job, answer))
     return 0

@@ -32,6 +32,7 @@ from jobsight.commands.dashboard import checked_settings, streamlit_argv, stream
 from jobsight.commands.demo_settings import DemoSettings, load_demo_settings
 from jobsight.commands.server import load_settings
 from jobsight.protocol import links
+from jobsight.protocol.terminal_text import terminal_safe
 
 log = logging.getLogger("jobsight.up")
 
@@ -63,8 +64,9 @@ def run(name: str, args: argparse.Namespace) -> int:
 
 
 def _tail(path: Path, lines: int = 15) -> str:
+    """The last ``lines`` of a child's log, each terminal-safe: a log line may quote a job's name."""
     try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+        return "\n".join(terminal_safe(line) for line in path.read_text(errors="replace").splitlines()[-lines:])
     except OSError:
         return ""
 
@@ -138,7 +140,8 @@ def _wait_ready(stack: _Stack, url: str, timeout: float = 90) -> None:
 
 
 def _announce(line: str) -> None:
-    print(f"  {line}", flush=True)
+    # The demo's alert sink announces what reached it: an alert's title, or whatever a local process posted.
+    print(f"  {terminal_safe(line)}", flush=True)
 
 
 def _demo_alert_sink(stack: _Stack, env: dict[str, str], settings: CollectorSettings) -> str:

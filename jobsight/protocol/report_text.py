@@ -2,6 +2,11 @@
 collector e-mails it to a job's owner when the job ends (collector/passes/reports.py). Pure formatting
 of a job row (``GET /v1/jobs/{job}``) and its summary answer (``GET /v1/jobs/{job}/summary`` with the
 job's findings); standard library only.
+
+Every string of the job row and the answer (its name, user, partition, nodes, a finding's message) is
+the job's or its user's, and goes through :func:`jobsight.protocol.terminal_text.terminal_safe` before
+it is laid out: an escape sequence, a carriage return, a newline or a bidi override in a job's name is
+printed as its escape (``\\x1b``), so it can neither drive the terminal nor forge a line of the report.
 """
 
 from __future__ import annotations
@@ -10,6 +15,7 @@ import datetime as dt
 from typing import Any, Final
 
 from jobsight.protocol import energy_text, job_states, links
+from jobsight.protocol.terminal_text import terminal_safe_tree
 
 WIDTH: Final = 72
 BAR: Final = 40
@@ -84,7 +90,8 @@ def _gpu_label(gpu: dict[str, Any]) -> str:
 
 
 def format_report(job: dict[str, Any], answer: dict[str, Any]) -> str:
-    """The report text for a job row (``GET /v1/jobs/{job}``) and its summary answer."""
+    """The report text for a job row (``GET /v1/jobs/{job}``) and its summary answer, terminal-safe."""
+    job, answer = terminal_safe_tree(job), terminal_safe_tree(answer)
     summary: dict[str, Any] = answer.get("summary") or {}
     gpus: list[dict[str, Any]] = summary.get("gpus") or []
     state = job_states.describe(job.get("state"), job.get("exit_code"))

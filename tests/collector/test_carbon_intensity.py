@@ -1,6 +1,7 @@
-"""Carbon intensity: codecarbon's yearly figures as its JSON says them, a CSV series, an HTTP series
-served by a real server here (token checked, answers cached, failures falling back and saying so),
-and bad settings named."""
+"""Carbon intensity: codecarbon's yearly figures as its JSON says them, a CSV series, an HTTPS series
+served by a real server here with a certificate made by the ``openssl`` CLI (token checked, answers
+cached, failures falling back and saying so, a certificate of another CA refused before the token is
+sent), and bad settings named (an ``http://`` endpoint among them)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ import importlib.util
 import json
 import logging
 import os
+import ssl
+import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -134,10 +137,24 @@ def test_the_data_portals_csv_is_read(tmp_path: Path) -> None:
 # --- an HTTP series -----------------------------------------------------------------------------
 
 
-class Endpoint:
-    """A real HTTP server answering like Electricity Maps' ``carbon-intensity/history``."""
+@pytest.fixture(scope="module")
+def certs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[str, str]]:
+    """Two self-signed certificates for 127.0.0.1: the endpoint's (its own CA) and another."""
+    where = tmp_path_factory.mktemp("certs")
+    made = {}
+    for name in ("endpoint", "other"):
+        cert, key = where / f"{name}.crt", where / f"{name}.key"
+        subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=127.0.0.1",
+                        "-addext", "subjectAltName=IP:127.0.0.1", "-days", "1", "-keyout", str(key),
+                        "-out", str(cert)], check=True, capture_output=True)
+        made[name] = (str(cert), str(key))
+    return made
 
-    def __init__(self) -> None:
+
+class Endpoint:
+    """A real HTTPS server answering like Electricity Maps' ``carbon-intensity/history``."""
+
+    def __init__(self, cert: tuple[str, str]) -> None:
         self.requests = 0
         self.status = 200
         self.history = [{"datetime": "2026-11-24T10:00:00.000Z", "carbonIntensity": 52, "isEstimated": False},
@@ -166,10 +183,19 @@ class Endpoint:
             def log_message(self, format: str, *args: Any) -> None:
                 pass
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        class Server(ThreadingHTTPServer):
+            daemon_threads = True
+
+            def handle_error(self, request: Any, client_address: Any) -> None:
+                pass  # a client that rejects the certificate ends its handshake here
+
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.load_cert_chain(*cert)
+        self.server = Server(("127.0.0.1", 0), Handler)
+        self.server.socket = context.wrap_socket(self.server.socket, server_side=True, do_handshake_on_connect=False)
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
         self.thread.start()
-        self.url = f"http://127.0.0.1:{self.server.server_port}/v3/carbon-intensity/history?zone=FR"
+        self.url = f"https://127.0.0.1:{self.server.server_port}/v3/carbon-intensity/history?zone=FR"
 
     def stop(self) -> None:
         self.server.shutdown()
@@ -178,30 +204,32 @@ class Endpoint:
 
 
 @pytest.fixture
-def endpoint() -> Iterator[Endpoint]:
-    served = Endpoint()
+def endpoint(certs: dict[str, tuple[str, str]]) -> Iterator[Endpoint]:
+    served = Endpoint(certs["endpoint"])
     yield served
     served.stop()
 
 
 @pytest.fixture
-def http_carbon(endpoint: Endpoint, tmp_path: Path) -> Callable[..., CarbonIntensity]:
+def http_carbon(endpoint: Endpoint, certs: dict[str, tuple[str, str]],
+                tmp_path: Path) -> Callable[..., CarbonIntensity]:
+    """A :class:`CarbonIntensity` of the endpoint, trusting its certificate as the site's CA."""
     token_file = tmp_path / "token"
     token_file.write_text(TOKEN + "\n")
 
     def make(**fields: Any) -> CarbonIntensity:
         return _carbon(**{"series_url": endpoint.url, "series_token_file": str(token_file), "country": "FRA",
-                          **fields})
+                          "series_ca_file": certs["endpoint"][0], **fields})
     return make
 
 
-def test_an_http_series_is_fetched_once_per_cache_period(endpoint: Endpoint,
+def test_an_https_series_is_fetched_once_per_cache_period(endpoint: Endpoint,
                                                          http_carbon: Callable[..., CarbonIntensity]) -> None:
     carbon = http_carbon()
     france = carbon.yearly()
     assert france is not None
     first = carbon.for_hours([T0, T0 + HOUR, T0 + 2 * HOUR, T0 + 5 * HOUR])
-    host = f"http://127.0.0.1:{endpoint.server.server_port}"
+    host = f"https://127.0.0.1:{endpoint.server.server_port}"
     assert first[:3] == [Intensity(52, f"time series ({host})"), Intensity(61, f"time series ({host})"),
                          Intensity(61, f"time series ({host})")]  # a null hour: the value before it
     assert first[3].g_per_kwh == france.g_per_kwh and "no value" in first[3].source
@@ -252,6 +280,25 @@ def test_a_wrong_token_falls_back(endpoint: Endpoint, http_carbon: Callable[...,
     assert endpoint.requests == 1
 
 
+def test_a_certificate_of_another_ca_is_refused_before_the_token_is_sent(
+        endpoint: Endpoint, http_carbon: Callable[..., CarbonIntensity], certs: dict[str, tuple[str, str]]) -> None:
+    for ca_file in (None, certs["other"][0]):  # the system's CAs, and a CA that did not sign it
+        (got,) = http_carbon(series_ca_file=ca_file, intensity_g_per_kwh=200.0).for_hours([T0])
+        assert got.g_per_kwh == 200.0 and "certificate" in got.source.lower(), got.source
+        assert TOKEN not in got.source
+    assert endpoint.requests == 0  # no request was ever made: the token never left
+
+
+def test_an_http_endpoint_stops_the_collector_naming_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``http://`` would send the token in clear: refused at start, the URL (and its key) never quoted."""
+    monkeypatch.setenv("JOBSIGHT_CARBON_COUNTRY", "FRA")
+    monkeypatch.setenv("JOBSIGHT_CARBON_SERIES_URL", "http://api.example.org/v3/history?zone=FR&key=k")
+    with pytest.raises(SettingsError, match="JOBSIGHT_CARBON_SERIES_URL") as caught:
+        load_collector_settings()
+    assert "https://" in str(caught.value) and "key=k" not in str(caught.value)
+    assert "api.example.org" not in str(caught.value)
+
+
 # --- settings -----------------------------------------------------------------------------------
 
 
@@ -269,6 +316,10 @@ def test_a_wrong_token_falls_back(endpoint: Endpoint, http_carbon: Callable[...,
       "JOBSIGHT_CARBON_SERIES_TOKEN_FILE": "/nonexistent/token"}, "JOBSIGHT_CARBON_SERIES_TOKEN_FILE"),
     ({"JOBSIGHT_CARBON_SERIES_CSV": "/nonexistent.csv", "JOBSIGHT_CARBON_COUNTRY": "FRA"},
      "JOBSIGHT_CARBON_SERIES_CSV"),
+    ({"JOBSIGHT_CARBON_SERIES_URL": "https://example.org/h?key=k", "JOBSIGHT_CARBON_COUNTRY": "FRA",
+      "JOBSIGHT_CARBON_SERIES_CA_FILE": "/nonexistent/ca.pem"}, "JOBSIGHT_CARBON_SERIES_CA_FILE"),
+    ({"JOBSIGHT_CARBON_COUNTRY": "FRA", "JOBSIGHT_CARBON_SERIES_CA_FILE": "/etc/hostname"},
+     "JOBSIGHT_CARBON_SERIES_CA_FILE"),
 ])
 def test_a_bad_setting_stops_the_collector_naming_it(env: dict[str, str], named: str,
                                                      monkeypatch: pytest.MonkeyPatch) -> None:

@@ -1,14 +1,16 @@
 """Suspect GPUs on the dashboard: the admins' page of GPUs that kept hurting jobs, with the line
-that would drain each one's node, and the Xid marks on a job page's timeline, over rows written with
-SQL as the collector stores them (``gpu_events``, collector/ingest).
+that would drain each one's node (only for a GPU that hurt the site's ``suspect_alert_jobs``, 3 by
+default; fewer is "worth watching"), and the Xid marks on a job page's timeline, over rows written
+with SQL as the collector stores them (``gpu_events``, collector/ingest).
 
 The cluster's Xids, by job (every job has its row; ``x-1`` has 40 minutes of GPU samples):
 
 | job | user  | node          | GPU | Xid | when           | on the page                                     |
-| x-1 | alice | n7            | 3   | 79  | 20 minutes ago | n7/3, two jobs, drain line; marked on its page  |
+| x-1 | alice | n7            | 3   | 79  | 20 minutes ago | n7/3, three jobs, drain line; marked on its page|
 | x-2 | bob   | n7            | 3   | 79  | 2 days ago     | n7/3                                            |
+| x-6 | frank | n7            | 3   | 79  | 3 days ago     | n7/3                                            |
 | x-3 | carol | (hostile)     | 0   | 48  | 1 day ago      | listed as text, no drain line                   |
-| x-4 | dave  | n9            | 1   | 79  | 10 days ago    | outside the default week: only over 30 days     |
+| x-4 | dave  | n9            | 1   | 79  | 10 days ago    | only over 30 days: one job, worth watching      |
 | x-5 | erin  | n8            | 0   | 13  | 1 hour ago     | never: the application's own Xid                |
 
 The hostile node is ``n1;rm -rf / `reboot` [x](https://evil)``: a shell command and Markdown in one name.
@@ -39,10 +41,11 @@ from tests.dashboard.test_hostile_markup import markdown_sources, reading
 UTC = dt.UTC
 HOSTILE_NODE = "n1;rm -rf / `reboot` [x](https://evil)"
 FELL_OFF = "Xid 79 (GPU fell off the bus)"
-DRAIN_N7 = f"scontrol update NodeName=n7 State=DRAIN Reason='jobsight: GPU 3 hurt 2 jobs ({FELL_OFF} ×2)'"
+DRAIN_N7 = f"scontrol update NodeName=n7 State=DRAIN Reason='jobsight: GPU 3 hurt 3 jobs ({FELL_OFF} ×3)'"
 # (job, user, node, GPU, Xid, how long ago)
 XIDS = [("x-1", "alice", "n7", 3, 79, dt.timedelta(minutes=20)),
         ("x-2", "bob", "n7", 3, 79, dt.timedelta(days=2)),
+        ("x-6", "frank", "n7", 3, 79, dt.timedelta(days=3)),
         ("x-3", "carol", HOSTILE_NODE, 0, 48, dt.timedelta(days=1)),
         ("x-4", "dave", "n9", 1, 79, dt.timedelta(days=10)),
         ("x-5", "erin", "n8", 0, 13, dt.timedelta(hours=1))]
@@ -110,18 +113,18 @@ def test_an_admin_sees_the_gpu_that_fell_off_the_bus_with_its_jobs_and_drain_lin
     _ok(at)
     assert [t.value for t in at.title] == ["Suspect GPUs"]
     listed = _listed(at)
-    # The week: n7/3 (two jobs, first) and the hostile node's GPU; not n9/1 (ten days ago), nor n8/0 (Xid 13).
+    # The week: n7/3 (three jobs, first) and the hostile node's GPU; not n9/1 (ten days ago), nor n8/0 (Xid 13).
     assert list(listed) == ["n7/3", f"{HOSTILE_NODE}/0"]
     n7 = listed["n7/3"]
-    assert (n7["cluster"], n7["jobs"], list(n7["job ids"]), n7["what it did"]) == (
-        suspects, 2, ["x-1", "x-2"], f"{FELL_OFF} ×2")
+    assert (n7["cluster"], n7["jobs"], n7["users"], list(n7["job ids"]), n7["what it did"]) == (
+        suspects, 3, 3, ["x-1", "x-2", "x-6"], f"{FELL_OFF} ×3")
     assert abs(n7["last seen"] - (dt.datetime.now(UTC) - dt.timedelta(minutes=20))) < dt.timedelta(minutes=5)
     assert [c.value for c in at.code] == [DRAIN_N7]
     assert any("jobsight never drains a node by itself" in c.value for c in at.caption)
     # Each GPU's jobs open their pages, linked as the other pages link jobs.
     jobs = at.dataframe[1].value
-    assert list(jobs["job"]) == ["x-1", "x-2"]
-    assert list(jobs["open"]) == [f"job?cluster={suspects}&job=x-1", f"job?cluster={suspects}&job=x-2"]
+    assert list(jobs["job"]) == ["x-1", "x-2", "x-6"]
+    assert list(jobs["open"]) == [f"job?cluster={suspects}&job={j}" for j in ("x-1", "x-2", "x-6")]
     assert "n8" not in texts(at)
 
 
@@ -135,11 +138,40 @@ def test_the_period_reaches_further_back_and_stays_in_the_address(app_as: Callab
     listed = _listed(at)
     assert list(listed) == ["n7/3", f"{HOSTILE_NODE}/0", "n9/1"]
     assert listed["n9/1"]["what it did"] == f"{FELL_OFF} ×1"
-    assert "scontrol update NodeName=n9 State=DRAIN" in "\n".join(c.value for c in at.code)
+    assert [c.value for c in at.code] == [DRAIN_N7]  # n9/1 hurt one job: watched, not drained
     # Opened from the address, a day back finds only the last hour's Xid of x-1.
     at = app_as("root", "views/suspects.py", days="1")
     _ok(at)
     assert list(_listed(at)) == ["n7/3"] and _listed(at)["n7/3"]["jobs"] == 1
+
+
+def test_a_gpu_that_hurt_one_job_is_worth_watching_and_gets_no_drain_line(app_as: Callable[..., AppTest],
+                                                                         suspects: str) -> None:
+    """An Xid 79 in one job of ten days ago: listed, said to be worth watching, never a drain line."""
+    at = app_as("root", "views/suspects.py", days="30")
+    _ok(at)
+    assert _listed(at)["n9/1"]["jobs"] == 1
+    code = "\n".join(c.value for c in at.code)
+    assert "NodeName=n9" not in code and code == DRAIN_N7
+    watching = [i.value for i in at.info if i.value.startswith("Worth watching")]
+    # The hostile node's GPU (one job) and n9/1 (one job) are watched; n7/3 (three jobs) is not.
+    assert watching == ["Worth watching: it hurt 1 job(s) of 1 user(s). A drain is suggested from 3 jobs on "
+                        "(suspect_alert_jobs)."] * 2, watching
+
+
+def test_the_sites_threshold_decides_the_drain_line(app_as: Callable[..., AppTest], suspects: str,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """``JOBSIGHT_HEALTH_SUSPECT_ALERT_JOBS``: at 4, even n7/3's three jobs are only worth watching; at 1,
+    n9/1's one job gets its line (the site chose so)."""
+    monkeypatch.setenv("JOBSIGHT_HEALTH_SUSPECT_ALERT_JOBS", "4")
+    at = app_as("root", "views/suspects.py", days="30")
+    _ok(at)
+    assert not at.code
+    assert len([i for i in at.info if i.value.startswith("Worth watching")]) == 3
+    monkeypatch.setenv("JOBSIGHT_HEALTH_SUSPECT_ALERT_JOBS", "1")
+    at = app_as("root", "views/suspects.py", days="30")
+    _ok(at)
+    assert "scontrol update NodeName=n9 State=DRAIN" in "\n".join(c.value for c in at.code)
 
 
 def test_a_hostile_node_name_is_shown_as_text_and_gets_no_drain_line(app_as: Callable[..., AppTest],

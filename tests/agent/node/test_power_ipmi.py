@@ -212,6 +212,7 @@ def test_wrong_credentials_are_refused(
 ) -> None:
     wrong = bmc.root / "wrong-password"
     wrong.write_text(password + "\n")
+    wrong.chmod(0o600)
     # 3 s: over IPMI 1.5 the BMC drops the wrong activation and ipmitool says so after its 2 s wait.
     target = bmc.target(interface=interface, user=user, password_file=str(wrong), timeout_s=3.0, privilege=privilege)
     with pytest.raises(PowerReadError) as caught:
