@@ -6,9 +6,16 @@ ladder on one health rule: a warning at ``warn_after_s``, a second at ``warn_aga
 its ``action`` at ``act_after_s``, counted from when the rule's finding opened. Every policy is a dry
 run until the site sets ``dry_run = false``: a dry run records each step it would have taken.
 
+A policy chooses and exempts jobs only by what the site controls: partition, QOS, users and job ids
+listed, accounts only where ``accounts_enforced`` says Slurm's accounting enforces associations (else
+a job's account is whatever its user typed at submission, and a policy that lists accounts is
+refused at start-up). The interactive exemption holds only up to ``interactive_max_time_limit_s``;
+a job's name and comment (``interactive_names``, ``exempt_comment``) are its user's word.
+
 ```toml
 [actions]
 max_actions_per_hour = 5
+accounts_enforced = true   # AccountingStorageEnforce=associations: users cannot pick any account
 [[actions.policies]]
 name = "gpu-idle"
 rule = "idle_allocation"
@@ -28,7 +35,7 @@ from __future__ import annotations
 import re
 from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from jobsight.collector.config.toml_settings import SettingsError, TomlTableSettings, validation_message
@@ -63,15 +70,22 @@ class Policy(BaseModel):
     users: list[str] = Field(default_factory=list)
     exempt_interactive: bool = True
     """Leave alone jobs Slurm runs without a batch script (``salloc``, ``srun --pty``), and jobs of
-    ``interactive_partitions`` or named as in ``interactive_names`` (Open OnDemand's apps)."""
+    ``interactive_partitions`` or named as in ``interactive_names`` (Open OnDemand's apps), each only
+    when its time limit is at most ``interactive_max_time_limit_s``."""
+    interactive_max_time_limit_s: float = Field(8 * 3600, gt=0)
+    """The longest time limit an interactive job is exempt with: anyone can start a job without a batch
+    script (``salloc --no-shell`` then ``srun``), so "interactive" holds a job's GPUs idle only as long as
+    this. A job without a time limit is never exempt as interactive."""
     interactive_partitions: list[str] = Field(default_factory=list)
     interactive_names: list[str] = Field(default_factory=list)
-    """Job names (exact) of interactive apps, e.g. ``sys/dashboard/sys/jupyter``."""
+    """Job names (exact) of interactive apps, e.g. ``sys/dashboard/sys/jupyter``: the user's word (any
+    batch job can be named so), bounded by ``interactive_max_time_limit_s`` as the rest."""
     exempt_users: list[str] = Field(default_factory=list)
     exempt_accounts: list[str] = Field(default_factory=list)
     exempt_jobs: list[str] = Field(default_factory=list)
     exempt_comment: str | None = None
-    """A job whose Slurm comment contains this text is left alone (a site's opt-out word)."""
+    """A job whose Slurm comment contains this text is left alone (a site's opt-out word): the user's
+    word, as any user can write it in their job's comment."""
 
     @field_validator("name")
     @classmethod
@@ -91,6 +105,10 @@ class ActionSettings(TomlTableSettings):
     model_config = SettingsConfigDict(env_prefix="JOBSIGHT_ACTIONS_", extra="ignore")
     toml_table: ClassVar[str] = "actions"
 
+    accounts_enforced: bool = False
+    """Whether Slurm's accounting enforces associations here (``AccountingStorageEnforce`` with
+    ``associations``), so a job's account is one its user is allowed: only then may a policy choose or
+    exempt jobs by ``accounts``/``exempt_accounts``. Declared before ``policies``, which it checks."""
     policies: list[Policy] = Field(default_factory=list)
     """The site's policies; none: the pass idles."""
     interval_s: float = Field(60.0, ge=0, le=86400)
@@ -106,6 +124,8 @@ class ActionSettings(TomlTableSettings):
     several clusters running and this empty, the pass acts on none and says so."""
     scancel: str = "scancel"
     scontrol: str = "scontrol"
+    squeue: str = "squeue"
+    """Reads a job's ``AdminComment`` before jobsight's reason is added to it."""
     command_timeout_s: float = Field(15.0, gt=0, le=600)
 
     @field_validator("policies")
@@ -115,6 +135,22 @@ class ActionSettings(TomlTableSettings):
         twice = sorted({name for name in names if names.count(name) > 1})
         if twice:
             raise ValueError(f"two policies are named {', '.join(twice)}")
+        return policies
+
+    @field_validator("policies")
+    @classmethod
+    def _accounts_only_where_enforced(cls, policies: list[Policy], info: ValidationInfo) -> list[Policy]:
+        # Refused rather than ignored: an ignored `accounts` filter would widen the policy to every job.
+        if info.data.get("accounts_enforced"):
+            return policies
+        for policy in policies:
+            listed = [name for name in ("accounts", "exempt_accounts") if getattr(policy, name)]
+            if listed:
+                raise ValueError(
+                    f"policy {policy.name} lists {' and '.join(listed)}, but accounts_enforced is false: without "
+                    "AccountingStorageEnforce=associations a job's account is its user's choice at submission; "
+                    "set accounts_enforced = true (JOBSIGHT_ACTIONS_ACCOUNTS_ENFORCED) if Slurm enforces it, "
+                    "or choose the jobs by partition, QOS or user")
         return policies
 
 

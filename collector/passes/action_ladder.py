@@ -5,13 +5,20 @@ later idle spell opens a new finding, so a job that recovers starts its ladder a
 per pass and in order (first warning, second warning, action): a collector that was down for hours
 warns twice before it acts, and one that restarts finds the steps it took in the actions table and
 neither repeats nor skips one.
+
+What a policy covers and exempts is read only from what the site controls (docs/security.md, boundary
+11): the batch flag and time limit, partition, QOS, user and job id Slurm gave the prolog; accounts only
+where the settings say accounting enforces them. The job's name and comment are its user's word, and
+an exemption by them is recorded as such.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import math
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Final
+from typing import Any, Final
 
 from jobsight.collector.config.actions import Policy
 
@@ -25,7 +32,8 @@ LADDER: Final = (WARN, WARN_AGAIN, ACT)
 @dataclass(frozen=True)
 class JobFacts:
     """What Slurm's records say of a running job (the prolog's registration); ``batch`` is ``False``
-    for a job without a batch script (``salloc``, ``srun --pty``), ``None`` where it was not known."""
+    for a job without a batch script (``salloc``, ``srun --pty``), ``None`` where it was not known;
+    ``time_limit_s`` ``None``: no limit, or not known."""
 
     job_id: str
     user: str | None = None
@@ -35,17 +43,37 @@ class JobFacts:
     name: str | None = None
     comment: str | None = None
     batch: bool | None = None
+    time_limit_s: int | None = None
 
 
 @dataclass(frozen=True)
 class Candidate:
-    """An open finding of a running job, with when its GPUs last sent a sample (``None``: never)."""
+    """An open finding of a running job, with when its GPUs last sent a sample (``None``: never) and
+    when they went idle by the finding's evidence (``None``: it does not say; the finding's opening
+    stands in)."""
 
     finding_id: int
     rule: str
     opened_at: dt.datetime
     last_sample_at: dt.datetime | None
     job: JobFacts
+    idle_since: dt.datetime | None = None
+
+    @property
+    def idle_from(self) -> dt.datetime:
+        """When the waste began: the evidence's ``idle_since``, else the finding's opening."""
+        return self.idle_since if self.idle_since is not None else self.opened_at
+
+
+def idle_since(evidence: Mapping[str, Any] | None, opened_at: dt.datetime) -> dt.datetime | None:
+    """``evidence["idle_since"]`` (epoch seconds, set by the health rules) as a time; ``None`` when absent,
+    not a finite number, or after the finding opened (the GPUs were idle before it could open)."""
+    value = (evidence or {}).get("idle_since")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return None
+    if value > opened_at.timestamp():
+        return None
+    return dt.datetime.fromtimestamp(value, dt.UTC)
 
 
 def covers(policy: Policy, candidate: Candidate) -> bool:
@@ -56,15 +84,28 @@ def covers(policy: Policy, candidate: Candidate) -> bool:
     return candidate.rule == policy.rule and all(not wanted or value in wanted for wanted, value in filters)
 
 
+def _interactive(policy: Policy, job: JobFacts) -> str | None:
+    """Why the job counts as interactive, or ``None``. Anyone can start a job without a batch script, or
+    name a batch job like an app: each holds only for a time limit within the policy's cap, so no job
+    is exempt for longer than the site allows an interactive session."""
+    limit = job.time_limit_s
+    if not policy.exempt_interactive or limit is None or limit > policy.interactive_max_time_limit_s:
+        return None
+    if job.batch is False:
+        return "interactive (no batch script)"
+    if job.partition is not None and job.partition in policy.interactive_partitions:
+        return f"interactive partition {job.partition}"
+    if job.name is not None and job.name in policy.interactive_names:
+        return "interactive app (by its name, the user's word)"
+    return None
+
+
 def exemption(policy: Policy, job: JobFacts) -> str | None:
-    """Why the policy leaves this job alone (the first reason that holds); ``None`` when it does not."""
-    if policy.exempt_interactive:
-        if job.batch is False:
-            return "interactive (no batch script)"
-        if job.partition is not None and job.partition in policy.interactive_partitions:
-            return f"interactive partition {job.partition}"
-        if job.name is not None and job.name in policy.interactive_names:
-            return "interactive app"
+    """Why the policy leaves this job alone (the first reason that holds); ``None`` when it does not.
+    Accounts count only where the settings say accounting enforces them (else no policy lists one)."""
+    interactive = _interactive(policy, job)
+    if interactive is not None:
+        return interactive
     if job.user is not None and job.user in policy.exempt_users:
         return "exempt user"
     if job.account is not None and job.account in policy.exempt_accounts:
@@ -72,7 +113,7 @@ def exemption(policy: Policy, job: JobFacts) -> str | None:
     if job.job_id in policy.exempt_jobs:
         return "exempt job"
     if policy.exempt_comment and job.comment and policy.exempt_comment in job.comment:
-        return "exempt by its comment"
+        return "exempt by its comment (the user's word)"
     return None
 
 
@@ -106,6 +147,7 @@ WHAT: Final = {"idle_allocation": "GPUs idle", "low_utilisation": "GPUs under-us
 
 
 def reason(policy: Policy, candidate: Candidate, now: dt.datetime) -> str:
-    """The reason written where the user sees it: ``jobsight: GPUs idle 2 h (policy gpu-idle)``."""
-    elapsed = (now - candidate.opened_at).total_seconds()
+    """The reason written where the user sees it: ``jobsight: GPUs idle 2.5 h (policy gpu-idle)``, counted
+    from when the GPUs went idle (:attr:`Candidate.idle_from`), not from when the finding opened."""
+    elapsed = (now - candidate.idle_from).total_seconds()
     return f"jobsight: {WHAT.get(candidate.rule, candidate.rule)} {duration_words(elapsed)} (policy {policy.name})"

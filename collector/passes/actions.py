@@ -2,11 +2,14 @@
 
 Every ``JOBSIGHT_ACTIONS_INTERVAL_S`` the leading process reads the open findings of running jobs
 that a policy acts on, with when each job's GPUs last sent a sample, decides each policy's due step
-(:mod:`jobsight.collector.passes.action_ladder`) and records it in ``actions``. An action that is
-not a dry run goes through Slurm: the reason is written to the job's ``AdminComment``
-(``scontrol update``), then ``scancel`` (or ``scontrol requeue``). At most
-``max_actions_per_hour`` actions run across the cluster in any hour; past that a due action is
-recorded as held back and tried again next pass.
+(:mod:`jobsight.collector.passes.action_ladder`) and records it in ``actions``. Only jobs a prolog
+registered (a user and an allocation) under a Slurm job id are candidates: an id that is not one of
+Slurm's forms (``--user=alice`` in a corrupted row) gets no step and reaches no command. An action that
+is not a dry run goes through Slurm (:mod:`jobsight.collector.passes.slurm_jobs`, which checks the id
+again and passes it after ``--``): the reason is added after the site's own ``AdminComment``
+(read from ``squeue --json``, written with ``scontrol update``), then ``scancel`` (or ``scontrol
+requeue``). At most ``max_actions_per_hour`` actions run across the cluster in any hour; past that a
+due action is recorded as held back and tried again next pass.
 
 A step is recorded before its command runs (``pending``), so a process that dies in between retries
 it rather than skipping it, and a step recorded ``done`` is never taken again.
@@ -36,10 +39,19 @@ from jobsight.collector.passes.action_ladder import (
     JobFacts,
     due_step,
     exemption,
+    idle_since,
     reason,
 )
 from jobsight.collector.passes.leader import LeaderTimer
-from jobsight.collector.passes.slurm_jobs import SlurmCommandError, run_slurm_command
+from jobsight.collector.passes.slurm_jobs import (
+    SlurmCommandError,
+    appended_comment,
+    cancel_job,
+    read_admin_comment,
+    requeue_job,
+    write_admin_comment,
+)
+from jobsight.protocol.slurm_ids import is_job_id, is_slurm_job_id
 
 log = logging.getLogger("jobsight.collector.passes.actions")
 
@@ -47,14 +59,19 @@ ACTIONS_LOCK_KEY: Final = 0x6A6F6273_61637473 & 0x7FFFFFFFFFFFFFFF
 """Session advisory lock held by the one acting process."""
 RETRIED: Final = ("pending", "held_back")
 """Outcomes that leave a step to be taken again."""
+_REFUSED_KEPT: Final = 10_000
+"""Refused job ids remembered (so each is logged once) before the memory starts again."""
 
 _CANDIDATES = """
 SELECT f.id AS finding_id, f.rule, f.opened_at, f.evidence, f.message AS finding_message,
        j.cluster, j.job_id, j.user_name, j.account, j.partition, j.name, j.qos, j.comment, j.batch,
+       j.time_limit_s,
        (SELECT max(m.last_ts) FROM gpu_minutes m
         WHERE m.job_id = j.job_id AND m.cluster = j.cluster AND m.ts >= %(now)s - %(recent)s) AS last_sample_at
 FROM findings f JOIN jobs j ON j.job_id = f.job_id AND j.cluster = f.cluster
 WHERE f.state = 'open' AND j.state = 'running' AND f.rule = ANY(%(rules)s)
+  -- registered by a prolog: its user (which job tokens cannot set) and its Slurm allocation
+  AND j.user_name IS NOT NULL AND cardinality(j.nodes) > 0
   AND (cardinality(%(clusters)s::text[]) = 0 OR j.cluster = ANY(%(clusters)s::text[]))
 ORDER BY f.opened_at, f.id
 """
@@ -99,7 +116,8 @@ class Notify:
 
     def step(self, conn: psycopg.Connection[dict[str, Any]], row: dict[str, Any], policy: Policy, step: str,
              now: dt.datetime, detail: str) -> None:
-        """The user's notice of a warning or a done action, in the caller's transaction (none for dry runs)."""
+        """The user's notice of a warning or a done action, in the caller's transaction (none for dry runs).
+        The idle time it states counts from when the GPUs went idle (the finding's ``idle_since``)."""
         if policy.dry_run or step not in (WARN, WARN_AGAIN, ACT):
             return
         job = {"cluster": row["cluster"], "job_id": row["job_id"], "name": row["name"], "partition": row["partition"]}
@@ -110,7 +128,7 @@ class Notify:
             act_at = row["opened_at"] + dt.timedelta(seconds=policy.act_after_s)
             kind, message = "warning", notice_messages.warning(
                 job, policy=policy.name, action=policy.action, step=step, what=WHAT.get(policy.rule, policy.rule),
-                idle_s=(now - row["opened_at"]).total_seconds(), act_at=act_at,
+                idle_s=(now - _candidate(row).idle_from).total_seconds(), act_at=act_at,
                 finding_message=row.get("finding_message"), dashboard_url=self.dashboard_url)
         notices.enqueue(conn, cluster=row["cluster"], job_id=row["job_id"], kind=kind,
                         sinks=[notices.user_sink(self.alerts, row["user_name"])],
@@ -125,6 +143,8 @@ class WasteActions:
         self.settings = settings
         self.notify = notify
         self.rules = sorted({policy.rule for policy in settings.policies})
+        self._refused: set[tuple[str, str]] = set()
+        """(cluster, job) whose id was refused, logged once each."""
 
     def act_once(self, conn: psycopg.Connection[dict[str, Any]]) -> ActionPass:
         result = ActionPass()
@@ -132,8 +152,8 @@ class WasteActions:
             return result
         now: dt.datetime = conn.execute("SELECT now() AS now").fetchone()["now"]  # type: ignore[index]
         recent = dt.timedelta(seconds=max(self.settings.stale_after_s, 3600))
-        rows = conn.execute(_CANDIDATES, {"now": now, "recent": recent, "rules": self.rules,
-                                          "clusters": self.settings.clusters}).fetchall()
+        rows = self._slurm_jobs(conn.execute(_CANDIDATES, {"now": now, "recent": recent, "rules": self.rules,
+                                                           "clusters": self.settings.clusters}).fetchall())
         clusters = sorted({row["cluster"] for row in rows})
         if not self.settings.clusters and len(clusters) > 1:
             # scancel takes a job number, and each cluster has its own: job 1234 of another cluster is
@@ -165,6 +185,24 @@ class WasteActions:
                 result.steps.append((candidate.job.job_id, policy.name, step, outcome))
         return result
 
+    def _slurm_jobs(self, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """The rows whose job id is a Slurm job's: any other (a run outside Slurm, a corrupted row's
+        ``--user=alice``) gets no step, and is logged once per process (a warning when it is no job id at
+        all: only a row written around the wire's check holds one)."""
+        kept = []
+        for row in rows:
+            key = (row["cluster"], row["job_id"])
+            if is_slurm_job_id(row["job_id"]):
+                kept.append(row)
+            elif key not in self._refused:
+                if len(self._refused) >= _REFUSED_KEPT:
+                    self._refused.clear()
+                self._refused.add(key)
+                log.log(logging.INFO if is_job_id(row["job_id"]) else logging.WARNING,
+                        "actions: job %r of cluster %r is not a Slurm job id: no policy acts on it",
+                        row["job_id"][:140], row["cluster"][:140])
+        return kept
+
     def _done(self, conn: psycopg.Connection[dict[str, Any]],
               findings: Sequence[int]) -> dict[tuple[int, str], set[str]]:
         done: dict[tuple[int, str], set[str]] = {}
@@ -190,17 +228,12 @@ class WasteActions:
         self._record(conn, row, policy, ACT, now, "pending", said)
         job = candidate.job.job_id
         timeout = self.settings.command_timeout_s
-        try:
-            # The reason first, where `scontrol show job` and sacct show it; a failure here does not stop
-            # the action (an old Slurm, a field this site has turned off).
-            run_slurm_command([self.settings.scontrol, "update", f"JobId={job}", f"AdminComment={said}"], timeout)
-        except SlurmCommandError as exc:
-            log.warning("actions: could not write the reason on job %r: %s", job, exc)
+        self._comment(job, said)
         try:
             if policy.action == "cancel":
-                run_slurm_command([self.settings.scancel, job], timeout)
+                cancel_job(self.settings.scancel, job, timeout)
             else:
-                run_slurm_command([self.settings.scontrol, "requeue", job], timeout)
+                requeue_job(self.settings.scontrol, job, timeout)
         except SlurmCommandError as exc:
             return "failed", f"{said}; {exc}"
         log.info("actions: %s job %r (%s)", "cancelled" if policy.action == "cancel" else "requeued", job, said)
@@ -208,6 +241,20 @@ class WasteActions:
             # Slurm's end state stays Slurm's (the epilog and reconciliation write CANCELLED); this says why.
             conn.execute(_END_REASON, {"reason": said, "job_id": job, "cluster": row["cluster"]})
         return "done", said
+
+    def _comment(self, job: str, said: str) -> None:
+        """Add the reason after the site's ``AdminComment``, where `scontrol show job` and sacct show it.
+        Unread, it is left alone (writing would replace what the site keeps there); a failure here does
+        not stop the action (an old Slurm, a field this site has turned off)."""
+        timeout = self.settings.command_timeout_s
+        try:
+            comment = appended_comment(read_admin_comment(self.settings.squeue, job, timeout), said)
+            if comment is None:
+                log.info("actions: job %r's AdminComment holds the reason already or has no room for it", job)
+                return
+            write_admin_comment(self.settings.scontrol, job, comment, timeout)
+        except SlurmCommandError as exc:
+            log.warning("actions: could not add the reason to job %r's AdminComment: %s", job, exc)
 
 
 def _detail(policy: Policy, candidate: Candidate, step: str, now: dt.datetime) -> str:
@@ -217,8 +264,10 @@ def _detail(policy: Policy, candidate: Candidate, step: str, now: dt.datetime) -
 
 def _candidate(row: dict[str, Any]) -> Candidate:
     facts = JobFacts(job_id=row["job_id"], user=row["user_name"], account=row["account"], partition=row["partition"],
-                     name=row["name"], qos=row["qos"], comment=row["comment"], batch=row["batch"])
-    return Candidate(row["finding_id"], row["rule"], row["opened_at"], row["last_sample_at"], facts)
+                     name=row["name"], qos=row["qos"], comment=row["comment"], batch=row["batch"],
+                     time_limit_s=row["time_limit_s"])
+    return Candidate(row["finding_id"], row["rule"], row["opened_at"], row["last_sample_at"], facts,
+                     idle_since(row["evidence"], row["opened_at"]))
 
 
 class ActionTimer(LeaderTimer[ActionPass]):

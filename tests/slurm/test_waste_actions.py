@@ -1,6 +1,8 @@
-"""Waste policies on a real Slurm: an idle batch job is warned twice and cancelled with its reason in
-Slurm's ``AdminComment``; what a policy exempts, a dry run, a telemetry gap and a job that went back
-to work are left running (collector/passes/actions.py).
+"""Waste policies on a real Slurm: an idle batch job is warned twice and cancelled with its reason added
+after what the site kept in Slurm's ``AdminComment``; what a policy exempts, a dry run, a telemetry gap
+and a job that went back to work are left running; a job without a batch script whose time limit is
+past the interactive cap is cancelled like any other; a corrupted jobs row under the id
+``--user=jobsight-tester`` cancels none of that user's jobs (collector/passes/actions.py).
 
 Jobs are submitted by the ordinary user :data:`~tests.slurm.test_hostile_jobs.USER` (``sbatch``, and
 ``salloc --no-shell`` for the interactive job: no batch script, so ``batch_flag`` is false). The node
@@ -14,7 +16,11 @@ holds the job).
 
 Phases, in file order (the four GPUs are shared): the idle job, an interactive job, an exempt
 account's job and a dry-run account's job at once; then a job whose daemon stops after its first
-warning; then a job whose daemon comes back busy before its action. Needs root and the test cluster
+warning; then a job whose daemon comes back busy before its action; then the corrupted row, while
+the user's other jobs run; then an ``salloc`` job with a 10 h limit. The test cluster has no
+accounting, so nothing enforces ``-A``: the collector is told it does
+(``JOBSIGHT_ACTIONS_ACCOUNTS_ENFORCED``) to exercise account filters as a site with enforced
+associations has them; a site without leaves it false and may list no account. Needs root and the test cluster
 (``bash tests/slurm/setup_cluster.sh``); skips otherwise, fails instead with
 ``JOBSIGHT_REQUIRE_SLURM=1`` (CI). ``/etc/jobsight/hooks.env`` points at this module's collector and is
 put back (``JOBSIGHT_BIN`` only) at the end, as in tests/slurm/test_e2e.py.
@@ -78,8 +84,11 @@ COLLECTOR_ENV = {
     "JOBSIGHT_ACTIONS_POLICIES": json.dumps(POLICIES), "JOBSIGHT_ACTIONS_INTERVAL_S": "1",
     "JOBSIGHT_ACTIONS_MAX_ACTIONS_PER_HOUR": "10", "JOBSIGHT_ACTIONS_STALE_AFTER_S": str(STALE_S),
     "JOBSIGHT_ACTIONS_SCANCEL": "/usr/bin/scancel", "JOBSIGHT_ACTIONS_SCONTROL": "/usr/bin/scontrol",
+    "JOBSIGHT_ACTIONS_SQUEUE": "/usr/bin/squeue", "JOBSIGHT_ACTIONS_ACCOUNTS_ENFORCED": "true",
 }
 REASON = re.compile(r"^jobsight: GPUs idle \d+ min \(policy " + re.escape(POLICY) + r"\)$")
+SITE_COMMENT = "site: keep"
+"""What the site keeps in the idle job's ``AdminComment`` before jobsight acts (set as root)."""
 WAIT_S = 60.0
 
 
@@ -147,10 +156,10 @@ class Waste:
         self.jobs[what] = result.stdout.strip().split(";")[0]
         return self.jobs[what]
 
-    def salloc(self, what: str) -> str:
+    def salloc(self, what: str, limit: str = "5") -> str:
         """An interactive allocation with no shell: salloc returns once the prolog ran; the job runs on."""
         result = subprocess.run(
-            ["/usr/sbin/runuser", "-u", USER, "--", "/usr/bin/salloc", "--no-shell", "--gres=gpu:1", "-t", "5",
+            ["/usr/sbin/runuser", "-u", USER, "--", "/usr/bin/salloc", "--no-shell", "--gres=gpu:1", "-t", limit,
              "-J", f"waste-{what}"],
             env={"PATH": "/usr/bin:/bin", "HOME": str(self.user_dir), "LANG": "C.UTF-8"}, cwd=self.user_dir,
             stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=90)
@@ -158,6 +167,12 @@ class Waste:
         assert result.returncode == 0 and granted, f"salloc: {result.returncode} {result.stderr}"
         self.jobs[what] = granted.group(1)
         return self.jobs[what]
+
+    def admin_comment(self, what: str, text: str) -> None:
+        """Set the job's ``AdminComment`` as the site's admin (root) does."""
+        result = subprocess.run(["/usr/bin/scontrol", "update", f"JobId={self.jobs[what]}", f"AdminComment={text}"],
+                                capture_output=True, text=True, timeout=10)
+        assert result.returncode == 0, result.stderr
 
     def state(self, what: str) -> str:
         return job_state(self.jobs[what])[0].split("+")[0]
@@ -268,6 +283,7 @@ def waste(postgres: Any, data_dir: Path, admin_token: str) -> Iterator[Waste]:
         daemon.start("idle_gpus.json")
         # The first phase's four jobs at once, on the four GPUs.
         state.sbatch("idle")
+        state.admin_comment("idle", SITE_COMMENT)
         state.sbatch("exempt", "-A", EXEMPT_ACCOUNT)
         state.sbatch("dry", "-A", DRY_ACCOUNT)
         state.salloc("interactive")
@@ -288,8 +304,10 @@ def waste(postgres: Any, data_dir: Path, admin_token: str) -> Iterator[Waste]:
 def test_an_idle_batch_job_is_warned_twice_then_cancelled_with_its_reason(waste: Waste) -> None:
     waste.wait("the idle job cancelled", lambda: waste.state("idle") in FINAL_STATES)
     assert waste.state("idle") == "CANCELLED", waste.diagnostics()
-    said = _slurm_job(waste.jobs["idle"]).get("admin_comment", "")
-    assert REASON.match(said), f"AdminComment {said!r}\n{waste.diagnostics()}"
+    comment = _slurm_job(waste.jobs["idle"]).get("admin_comment", "")
+    # The site's AdminComment is still there, jobsight's reason after it.
+    theirs, _, said = comment.partition("; ")
+    assert theirs == SITE_COMMENT and REASON.match(said), f"AdminComment {comment!r}\n{waste.diagnostics()}"
 
     steps = waste.steps("idle")
     assert [(policy, step, dry, outcome) for policy, step, dry, outcome, _ in steps] == [
@@ -375,3 +393,59 @@ def test_a_job_back_at_work_before_its_action_is_not_cancelled(waste: Waste) -> 
     # Everything left to the end is still running: nothing was cancelled but the idle job.
     assert {what: waste.state(what) for what in ("interactive", "exempt", "dry", "recovers")} == dict.fromkeys(
         ("interactive", "exempt", "dry", "recovers"), "RUNNING"), waste.diagnostics()
+
+
+def test_a_job_id_spelt_as_an_option_cancels_none_of_the_users_jobs(waste: Waste,
+                                                                   caplog: pytest.LogCaptureFixture) -> None:
+    """A corrupted ``jobs`` row (the wire refuses such an id; written here straight into the table) under
+    ``--user=jobsight-tester``, registered, idle for hours with a fresh sample: the actions pass, with the
+    collector's settings and Slurm's real commands, as root, gives it no step. The old pass ran
+    ``scancel --user=jobsight-tester`` on its third pass: every job of the user's. Run in one transaction
+    rolled back at the end, so the live collector's evaluator never sees (nor resolves) the row."""
+    from psycopg.rows import dict_row
+
+    from jobsight.collector.config.actions import load_action_settings
+    from jobsight.collector.passes.actions import WasteActions
+
+    running = [what for what in ("interactive", "exempt", "dry", "recovers") if waste.state(what) == "RUNNING"]
+    assert running, f"none of the user's jobs runs\n{waste.diagnostics()}"
+    hostile = f"--user={USER}"
+    settings = load_action_settings(
+        policies=POLICIES, scancel="/usr/bin/scancel", scontrol="/usr/bin/scontrol", squeue="/usr/bin/squeue",
+        accounts_enforced=True, max_actions_per_hour=100, stale_after_s=STALE_S)
+    with psycopg.connect(waste.database_url, row_factory=dict_row) as conn:
+        conn.execute("""INSERT INTO jobs (cluster, job_id, user_name, nodes, state, batch, time_limit_s, partition)
+                        VALUES ('default', %s, %s, ARRAY[%s], 'running', true, 86400, 'gpu')""",
+                     (hostile, USER, socket.gethostname().split(".")[0]))
+        conn.execute("""INSERT INTO gpu_minutes (cluster, job_id, ts, node, gpu_index, gpu_uuid, samples, util_gpu_sum,
+                            util_gpu_n, util_idle_n, util_mem_sum, util_mem_n, power_sum, power_n, temp_sum, temp_n,
+                            energy_n, first_ts, last_ts, lost)
+                        VALUES ('default', %s, date_trunc('minute', now()), 'n', 0, 'GPU-x', 1, 0, 1, 1, 0, 1, 0, 0,
+                                0, 0, 0, now(), now(), false)""", (hostile,))
+        conn.execute("""INSERT INTO findings (cluster, job_id, rule, severity, opened_at, updated_at, title, message,
+                                              evidence)
+                        VALUES ('default', %s, 'idle_allocation', 'warning', now() - interval '3 hours', now(), 'idle',
+                                'idle', '{}')""", (hostile,))
+        actions = WasteActions(settings)
+        with caplog.at_level("WARNING", logger="jobsight.collector.passes.actions"):
+            for _ in range(4):
+                actions.act_once(conn)
+        recorded = conn.execute("SELECT step FROM actions WHERE job_id = %s", (hostile,)).fetchall()
+        conn.rollback()
+    assert recorded == [], recorded
+    assert f"job '{hostile}' of cluster 'default' is not a Slurm job id" in caplog.text, caplog.text
+    assert {what: waste.state(what) for what in running} == dict.fromkeys(running, "RUNNING"), waste.diagnostics()
+
+
+def test_a_job_without_a_batch_script_past_the_interactive_cap_is_cancelled(waste: Waste) -> None:
+    """``salloc --no-shell`` with a 10 h limit, past the default 8 h cap: not exempt as interactive."""
+    waste.cancel("recovers")  # its GPU for this job
+    waste.daemon.start("idle_gpus.json")
+    waste.salloc("long", limit="600")
+    waste.wait("the long salloc job cancelled", lambda: waste.state("long") in FINAL_STATES)
+    assert waste.state("long") == "CANCELLED", waste.diagnostics()
+    assert waste.query("SELECT batch, time_limit_s FROM jobs WHERE job_id = %s", waste.jobs["long"]) == [
+        (False, 600 * 60)], waste.diagnostics()
+    assert [(policy, step, outcome) for policy, step, _, outcome, _ in waste.steps("long")] == [
+        (POLICY, "warn", "recorded"), (POLICY, "warn_again", "recorded"), (POLICY, "act", "done")], waste.diagnostics()
+    assert REASON.match(_slurm_job(waste.jobs["long"]).get("admin_comment", "")), waste.diagnostics()
