@@ -27,11 +27,12 @@ from jobsight.collector.api.routes import (
     profiles,
     summaries,
     suspects,
+    unallocated_uses,
 )
 from jobsight.collector.api.telemetry import CollectorMetrics
 from jobsight.collector.config.settings import CollectorSettings, SettingsError, load_collector_settings
 from jobsight.collector.passes.timers import start_passes
-from jobsight.collector.store.db import autocommit_connection, open_pool
+from jobsight.collector.store.db import INGEST_POOL, READ_POOL, autocommit_connection, open_pool
 from jobsight.collector.store.migrate import schema_is_current
 from jobsight.collector.store.partitions import PartitionKeeper
 
@@ -60,7 +61,12 @@ def create_app(settings: CollectorSettings | None = None) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         if not schema_is_current(database_url):
             raise SettingsError("database schema is not current: run `jobsight migrate` first")
-        app.state.pool = open_pool(database_url, settings.pool_size)
+        # Two pools: ingest's (``pool``: the group commit, partition DDL, allocation look-ups) and the
+        # reads' (``read_pool``, with a statement timeout), so that no read, however slow, holds a
+        # connection ingest needs. The passes open their own.
+        app.state.pool = open_pool(database_url, settings.pool_size, name=INGEST_POOL)
+        app.state.read_pool = open_pool(database_url, settings.read_pool_size,
+                                        statement_timeout_s=settings.read_statement_timeout_s, name=READ_POOL)
         with autocommit_connection(app.state.pool) as conn:
             app.state.partitions.load(conn)
             app.state.partitions.ensure_ahead(conn, settings.partitions_ahead_days)
@@ -70,6 +76,7 @@ def create_app(settings: CollectorSettings | None = None) -> FastAPI:
             yield
         finally:
             stop.set()
+            app.state.read_pool.close()
             app.state.pool.close()
 
     # refuse_nul: a NUL in any query or path value is a 422 naming it, for every route at once.
@@ -78,6 +85,7 @@ def create_app(settings: CollectorSettings | None = None) -> FastAPI:
     )
     app.state.settings = settings
     app.state.metrics = CollectorMetrics()
+    app.state.heavy_reads = threading.BoundedSemaphore(settings.heavy_reads)
     app.state.partitions = PartitionKeeper()
     # A group- or world-readable secret stops the start here (RuntimeError naming the file).
     secret = load_cluster_secret(settings.resolved_secret_file())
@@ -92,4 +100,5 @@ def create_app(settings: CollectorSettings | None = None) -> FastAPI:
     app.include_router(epochs.router)
     app.include_router(actions.router)
     app.include_router(suspects.router)
+    app.include_router(unallocated_uses.router)
     return app

@@ -19,6 +19,7 @@ import streamlit as st
 from psycopg_pool import ConnectionPool
 
 from jobsight.collector.config.carbon import load_carbon_settings
+from jobsight.collector.config.health import load_health_settings
 from jobsight.collector.query import actions as action_queries
 from jobsight.collector.query import audit as audit_queries
 from jobsight.collector.query import epoch_energy
@@ -31,7 +32,7 @@ from jobsight.collector.query import series as queries
 from jobsight.collector.query.grids import read_gpu_grid, read_metric_grid, read_step_grid
 from jobsight.collector.query.jobs import get_job, list_jobs
 from jobsight.collector.query.suspects import suspect_gpus
-from jobsight.collector.store.db import Connection, open_pool, unit_of_work
+from jobsight.collector.store.db import READ_POOL, Connection, open_pool, unit_of_work
 from jobsight.dashboard.identity import Viewer
 from jobsight.dashboard.settings import dashboard_settings
 from jobsight.protocol.hardware_cause import xid_text
@@ -45,9 +46,13 @@ class DatabaseNotConfigured(RuntimeError):
     """``JOBSIGHT_DATABASE_URL`` is not set."""
 
 
+READ_STATEMENT_TIMEOUT_S = 30.0
+"""A page's query is cancelled past this (PostgreSQL's ``statement_timeout``), as the collector's reads are."""
+
+
 @st.cache_resource(show_spinner=False)
 def _pool(database_url: str) -> ConnectionPool[Connection]:
-    return open_pool(database_url, size=4)
+    return open_pool(database_url, size=4, statement_timeout_s=READ_STATEMENT_TIMEOUT_S, name=READ_POOL)
 
 
 def _read(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
@@ -325,17 +330,18 @@ def action_counts(viewer: Viewer, group: str, *, cluster: str | None, user: str 
 # ---- suspect GPUs (admins) ---------------------------------------------------------------------
 
 @st.cache_data(ttl=TTL, show_spinner=False)
-def _suspects(since: dt.datetime, until: dt.datetime, cluster: str | None) -> list[dict[str, Any]]:
-    return [gpu.as_json() for gpu in _read(suspect_gpus, since, until, cluster)]
+def _suspects(since: dt.datetime, until: dt.datetime, cluster: str | None, min_jobs: int) -> list[dict[str, Any]]:
+    return [gpu.as_json(min_jobs) for gpu in _read(suspect_gpus, since, until, cluster)]
 
 
 def suspects(viewer: Viewer, since: dt.datetime, until: dt.datetime, *, cluster: str | None) -> list[dict[str, Any]]:
     """The GPUs that hurt jobs in ``[since, until]``, most jobs first, each as
     :meth:`jobsight.collector.query.suspects.SuspectGpu.as_json` has it, its drain line included
-    (admins only: it names every user's jobs)."""
+    (admins only: it names every user's jobs). A drain line only at the collector's
+    ``suspect_alert_jobs`` jobs (``JOBSIGHT_HEALTH_*``, ``[health]``): under it, ``worth_watching``."""
     if not viewer.is_admin:
         raise PermissionError("the suspect GPUs are for admins")
-    return _suspects(since, until, cluster)
+    return _suspects(since, until, cluster, load_health_settings().suspect_alert_jobs)
 
 
 # ---- energy per epoch (takes a JobRef) -------------------------------------------------------

@@ -1,19 +1,20 @@
 """Which job a GPU works for: registrations, cross-checked with the processes on it.
 
-The prolog's registration says which GPUs Slurm gave a job; that is the
-allocation the job is accounted for, so it decides. NVML's list of compute
-processes on the GPU is the cross-check: each pid is traced to its job through
-``/proc/<pid>/cgroup`` (Slurm's ``job_<id>`` cgroup) or ``/proc/<pid>/environ``
-(``SLURM_JOB_ID``). The process evidence
+The prolog's registration says which GPUs Slurm gave a job; that is the allocation the job is
+accounted for, so it decides. NVML's list of compute processes on the GPU is the cross-check: each
+pid is traced to its job through ``/proc/<pid>/cgroup`` (Slurm's ``job_<id>`` cgroup, which the
+kernel keeps and no process can choose). The process evidence
 
-* picks among several registrations that claim one GPU (a stale file left by a
-  failed epilog, or a GPU shared through ``shard``/MPS),
-* names the job of a GPU that no registration claims (a job that started while
-  the prolog failed or before the daemon ran), and
+* picks among several registrations that claim one GPU (a stale file left by a failed epilog, or a
+  GPU shared through ``shard``/MPS),
+* names the job of a GPU that no registration claims only when that job is registered on this node
+  (a registration whose GPU list was incomplete), and
 * is logged once when it disagrees with the registration.
 
-The cgroup is asked first because the kernel sets it; the environment is
-whatever the job's user put there.
+A process's environment is never asked: any process can set ``SLURM_JOB_ID`` (to another user's
+job, or to ``--user=alice``). A process on a GPU that no job was given, outside every job registered
+here, is a use of the GPU outside any job: it is returned as such (:attr:`Attribution.outside`) for
+the node daemon to report to the admins, never shipped under a job.
 """
 
 from __future__ import annotations
@@ -23,16 +24,18 @@ import os
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from jobsight.agent.node.gpu_reading import GpuReading
+from jobsight.agent.node.kineto_process import registration_for_slurm_id
 from jobsight.agent.node.registrations import Registration
+from jobsight.protocol.slurm_ids import ascii_digits
 
 log = logging.getLogger("jobsight.agent.attribution")
 
 # cgroup v1: /slurm/uid_1000/job_123/step_0/task_0
 # cgroup v2: /system.slice/slurmstepd.scope/job_123/step_batch/user/task_0
 _CGROUP_JOB = re.compile(r"/job_([0-9][0-9_+]*)(?:/|$)")
-_ENV_KEY = b"SLURM_JOB_ID="
 
 
 def job_from_cgroup(pid: int, proc_root: str = "/proc") -> str | None:
@@ -50,31 +53,23 @@ def job_from_cgroup(pid: int, proc_root: str = "/proc") -> str | None:
     return None
 
 
-def job_from_environ(pid: int, proc_root: str = "/proc") -> str | None:
-    """``SLURM_JOB_ID`` in the process's environment; ``None`` when unset or unreadable
-    (another user's process needs root)."""
+def uid_of_pid(pid: int, proc_root: str = "/proc") -> int | None:
+    """The real uid of ``pid`` (``/proc/<pid>/status``); ``None`` when it cannot be read (it exited)."""
     try:
-        with open(os.path.join(proc_root, str(pid), "environ"), "rb") as handle:
-            data = handle.read()
-    except OSError:
+        with open(os.path.join(proc_root, str(pid), "status"), encoding="ascii", errors="replace") as handle:
+            for line in handle:
+                if line.startswith("Uid:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
         return None
-    for entry in data.split(b"\0"):
-        if entry.startswith(_ENV_KEY):
-            value = entry[len(_ENV_KEY) :].decode("utf-8", "replace").strip()
-            return value or None
     return None
 
 
-def job_of_pid(pid: int, proc_root: str = "/proc") -> str | None:
-    """The Slurm job of a process: its cgroup, else its ``SLURM_JOB_ID``; ``None`` when neither says."""
-    return job_from_cgroup(pid, proc_root) or job_from_environ(pid, proc_root)
-
-
 def pids_by_job(proc_root: str = "/proc") -> dict[str, list[int]]:
-    """Every process on the node that belongs to a Slurm job, grouped by job id.
+    """Every process on the node in a Slurm job's cgroup, grouped by job id.
 
-    A full scan of ``proc_root``; the daemon calls it only for jobs it cannot
-    measure through their cgroup.
+    A full scan of ``proc_root``; the daemon calls it only for jobs whose cgroup directory it
+    cannot find (host samples summed from ``/proc``).
     """
     jobs: dict[str, list[int]] = {}
     try:
@@ -85,12 +80,33 @@ def pids_by_job(proc_root: str = "/proc") -> dict[str, list[int]]:
         if not name.isdigit():
             continue
         pid = int(name)
-        job = job_of_pid(pid, proc_root)
+        job = job_from_cgroup(pid, proc_root)
         if job is not None:
             jobs.setdefault(job, []).append(pid)
     for pids in jobs.values():
         pids.sort()
     return jobs
+
+
+def _registered_as(cgroup_job: str, registrations: Sequence[Registration]) -> str | None:
+    """The id of the job registered on this node whose Slurm number the cgroup names; ``None``
+    when no registration here holds it."""
+    if not ascii_digits(cgroup_job):
+        return None
+    registration = registration_for_slurm_id(registrations, int(cgroup_job))
+    return registration.job_id if registration is not None else None
+
+
+class Attribution(NamedTuple):
+    """One GPU reading of a tick, with the jobs it is shipped under."""
+
+    reading: GpuReading
+    jobs: list[str]
+    """Empty for a GPU that works for no job: not shipped."""
+    outside: list[tuple[int, int]]
+    """``(pid, used GPU memory in bytes)`` of each process on a GPU that no job was given and that no
+    job registered on this node holds: a use of the GPU outside any job. Empty on a GPU a
+    registration names (what runs there is the allocation's business)."""
 
 
 @dataclass
@@ -107,7 +123,7 @@ class Attributor:
 
     def _job(self, pid: int) -> str | None:
         if pid not in self._cache:
-            self._cache[pid] = job_of_pid(pid, self.proc_root)
+            self._cache[pid] = job_from_cgroup(pid, self.proc_root)
         return self._cache[pid]
 
     def _log_once(self, level: int, key: tuple[object, ...], message: str, *args: object) -> None:
@@ -117,26 +133,31 @@ class Attributor:
             self._logged.add(key)
             log.log(level, message, *args)
 
-    def process_jobs(self, reading: GpuReading) -> list[str]:
-        """Jobs of the processes NVML lists on this GPU (or MIG device), in pid order, distinct."""
+    def process_jobs(self, reading: GpuReading, registrations: Sequence[Registration] = ()) -> list[str]:
+        """Jobs whose cgroups hold the processes NVML lists on this GPU (or MIG device), in pid order,
+        distinct: each as its registration names it (an array task's cgroup names Slurm's own number
+        of it, registered as ``<array job>_<task>``), else as its cgroup does."""
         jobs: dict[str, None] = {}
         for pid, _memory in reading.processes:
             job = self._job(pid)
             if job is not None:
-                jobs[job] = None
+                jobs[_registered_as(job, registrations) or job] = None
         return list(jobs)
 
     def jobs_for(self, reading: GpuReading, registrations: Sequence[Registration]) -> list[str]:
-        """The jobs this reading belongs to; empty for a GPU that works for no job.
+        """The jobs this reading belongs to; empty for a GPU that works for no job (see :meth:`attribute_one`)."""
+        return self.attribute_one(reading, registrations).jobs
 
-        More than one only for a GPU that several registered jobs share and use (or,
-        unregistered, one running processes of several jobs): each sees it.
+    def attribute_one(self, reading: GpuReading, registrations: Sequence[Registration]) -> Attribution:
+        """This reading's jobs, and the processes on it outside any job.
+
+        More than one job only for a GPU that several registered jobs share and use (or, unclaimed,
+        one running processes of several jobs registered here): each sees it.
         """
         claimants = [r.job_id for r in registrations if reading.gpu_index in r.gpus]
-        running = self.process_jobs(reading)
         if len(claimants) == 1:
             job = claimants[0]
-            others = [j for j in running if j != job]
+            others = [j for j in self.process_jobs(reading, registrations) if j != job]
             if others:
                 self._log_once(
                     logging.WARNING,
@@ -147,10 +168,10 @@ class Attributor:
                     ", ".join(others),
                     job,
                 )
-            return [job]
+            return Attribution(reading, [job], [])
         if claimants:
-            using = [j for j in claimants if j in running]
-            chosen = using or claimants
+            running = self.process_jobs(reading, registrations)
+            chosen = [j for j in claimants if j in running] or claimants
             self._log_once(
                 logging.INFO,
                 ("shared", reading.gpu_index, tuple(claimants), tuple(chosen)),
@@ -159,23 +180,35 @@ class Attributor:
                 ", ".join(claimants),
                 ", ".join(chosen),
             )
-            return chosen
-        if running:
+            return Attribution(reading, chosen, [])
+        return self._unclaimed(reading, registrations)
+
+    def _unclaimed(self, reading: GpuReading, registrations: Sequence[Registration]) -> Attribution:
+        """A GPU no registration names: the jobs registered here whose cgroups hold its processes,
+        and the processes outside all of them."""
+        jobs: dict[str, None] = {}
+        outside: list[tuple[int, int]] = []
+        for pid, memory in reading.processes:
+            cgroup_job = self._job(pid)
+            job = _registered_as(cgroup_job, registrations) if cgroup_job is not None else None
+            if job is not None:
+                jobs[job] = None
+            else:
+                outside.append((pid, memory))
+        if jobs:
             self._log_once(
                 logging.INFO,
-                ("unregistered", reading.gpu_index, tuple(running)),
-                "GPU %d has no registration; its processes belong to job(s) %s",
+                ("unregistered", reading.gpu_index, tuple(jobs)),
+                "GPU %d has no registration; its processes are in the cgroups of job(s) %s, registered here",
                 reading.gpu_index,
-                ", ".join(running),
+                ", ".join(jobs),
             )
-        return running
+        return Attribution(reading, list(jobs), outside)
 
-    def attribute(
-        self, readings: Iterable[GpuReading], registrations: Sequence[Registration]
-    ) -> list[tuple[GpuReading, list[str]]]:
-        """Each reading with its jobs (see :meth:`jobs_for`), for one tick."""
+    def attribute(self, readings: Iterable[GpuReading], registrations: Sequence[Registration]) -> list[Attribution]:
+        """Each reading with its jobs and outside processes (see :meth:`attribute_one`), for one tick."""
         self._cache = {}
         try:
-            return [(reading, self.jobs_for(reading, registrations)) for reading in readings]
+            return [self.attribute_one(reading, registrations) for reading in readings]
         finally:
             self._cache = {}

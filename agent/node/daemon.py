@@ -3,7 +3,10 @@
 Every interval it takes one NVML snapshot of every GPU on the node, attributes
 each GPU to its job (:mod:`jobsight.agent.node.attribution`), reads each registered job's host
 CPU and memory (:mod:`jobsight.agent.node.host`), and hands the records to the shipper. A GPU
-that works for no job is not shipped: every record belongs to a job. The critical Xid errors NVML
+that works for no job is not shipped. A process on a GPU that no job was given, outside every job
+registered here, is reported as what it is: a ``gpu_unallocated_use`` record (no job; for the
+admins), once per process at most every :data:`UNALLOCATED_REPORT_EVERY_S` per GPU while the use
+lasts, never under a job id the process claims. The critical Xid errors NVML
 reported since the last tick become ``gpu_event`` records of the jobs their GPU works for this
 tick (the jobs of any of its rows: a GPU in MIG mode works for its instances' jobs).
 
@@ -21,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final
 
-from jobsight.agent.node.attribution import Attributor, pids_by_job
+from jobsight.agent.node.attribution import Attribution, Attributor, pids_by_job, uid_of_pid
 from jobsight.agent.node.gpu_reading import GpuReading
 from jobsight.agent.node.host import HostReading, HostSampler
 from jobsight.agent.node.node_energy import NodeEnergy
@@ -34,6 +37,10 @@ from jobsight.protocol import wire
 log = logging.getLogger("jobsight.agent.daemon")
 
 MIN_INTERVAL_S: Final = 0.5
+UNALLOCATED_REPORT_EVERY_S: Final = 60.0
+"""A GPU used outside any job is reported at most once in this long while the use lasts."""
+MAX_REPORTED_PROCESSES: Final = 16
+"""Processes reported per GPU and report, at most (the first by pid)."""
 
 
 @dataclass
@@ -45,6 +52,8 @@ class TickResult:
     host_records: int = 0
     unattributed: int = 0
     """GPU rows that worked for no job and were not shipped."""
+    unallocated_records: int = 0
+    """``gpu_unallocated_use`` records queued: processes on GPUs no job was given."""
     nvml_ok: bool = True
 
 
@@ -77,6 +86,8 @@ class NodeDaemon:
         self._host = HostSampler(proc_root, cgroup_root, clock)
         self._nvml_failing = False
         self._warned_nodes: set[str] = set()
+        self._unallocated_reported: dict[tuple[int, str], float] = {}
+        """When each GPU (index, UUID) used outside any job was last reported, while the use lasts."""
 
     def tick(self) -> TickResult:
         """One snapshot of every GPU and every registered job, queued for shipping."""
@@ -99,7 +110,8 @@ class NodeDaemon:
                 log.info("jobsight agent: NVML is back")
             self._nvml_failing = False
         jobs_of_gpu: dict[int, list[str]] = {}
-        for reading, jobs in self._attributor.attribute(readings, registrations):
+        attributed = self._attributor.attribute(readings, registrations)
+        for reading, jobs, _outside in attributed:
             if not jobs:
                 result.unattributed += 1
                 continue
@@ -111,6 +123,7 @@ class NodeDaemon:
                 result.gpu_records += 1
         if result.nvml_ok:
             result.event_records = self._gpu_events(jobs_of_gpu, ts, node)
+            result.unallocated_records = self._unallocated_uses(attributed, ts, node)
         # Without NVML this tick the GPUs' power is unknown: a BMC's whole-node watts cannot be split from it.
         gpu_watts = _gpu_watts(readings) if result.nvml_ok else None
         result.host_records = self._host_samples(registrations, ts, node, gpu_watts)
@@ -129,6 +142,35 @@ class NodeDaemon:
                                       "event": event.event, "code": event.code})
                 shipped += 1
         return shipped
+
+    def _unallocated_uses(self, attributed: list[Attribution], ts: int, node: str) -> int:
+        """One ``gpu_unallocated_use`` record per process outside any job on a GPU no job was given,
+        for each such GPU not reported in the last :data:`UNALLOCATED_REPORT_EVERY_S`. A GPU whose
+        use ended is forgotten, so the next use is reported at once."""
+        outside: dict[tuple[int, str], dict[int, int]] = {}
+        for attribution in attributed:
+            if attribution.outside:
+                gpu = (attribution.reading.gpu_index, attribution.reading.gpu_uuid)
+                outside.setdefault(gpu, {}).update(attribution.outside)  # a GPU's MIG devices: one report
+        self._unallocated_reported = {gpu: at for gpu, at in self._unallocated_reported.items() if gpu in outside}
+        now = self._clock()
+        queued = 0
+        for (index, uuid), processes in sorted(outside.items()):
+            last = self._unallocated_reported.get((index, uuid))
+            if last is not None and now - last < UNALLOCATED_REPORT_EVERY_S:
+                continue
+            self._unallocated_reported[(index, uuid)] = now
+            pids = sorted(processes)
+            log.warning("jobsight agent: GPU %d was given to no job but runs %d process(es) outside any job "
+                        "(pids %s); reported as a use outside any job", index, len(pids),
+                        ", ".join(map(str, pids[:MAX_REPORTED_PROCESSES])))
+            for pid in pids[:MAX_REPORTED_PROCESSES]:
+                self.shipper.enqueue({"kind": "gpu_unallocated_use", "ts": ts, "node": node, "gpu_index": index,
+                                      "gpu_uuid": uuid, "pid": pid,
+                                      "uid": _within(uid_of_pid(pid, self.proc_root), 0, 2**31 - 1),
+                                      "mem_used": _within(processes[pid], 1, 2**63 - 1)})
+                queued += 1
+        return queued
 
     def _check_nodes(self, registrations: list[Registration]) -> None:
         for registration in registrations:
@@ -195,6 +237,12 @@ class NodeDaemon:
                 next_at += missed * self.interval_s
             stop.wait(next_at - now)
         return ticks
+
+
+def _within(value: int | None, least: int, most: int) -> int | None:
+    """``value`` when it is from ``least`` to ``most`` (its wire field's bounds), else ``None``: an odd
+    reading loses its field, never the record (nor, refused by the collector, the batch)."""
+    return value if value is not None and least <= value <= most else None
 
 
 def _gpu_watts(readings: list[GpuReading]) -> float:

@@ -16,6 +16,7 @@ from jobsight.agent.settings import AgentSettings
 from jobsight.agent.training.profile_schedule import ProfileOptions, ProfileSchedule
 from jobsight.agent.training.run_records import TrainingRun, open_run, warn_rank_zero
 from jobsight.agent.training.step_timer import StepTimer
+from jobsight.protocol.run_events import FIT_START
 from jobsight.protocol.step_phases import BACKWARD, DATA, OPTIMIZER, STEP, VALIDATION
 
 
@@ -89,17 +90,13 @@ class FitTelemetry:
             return
         if not run.recorder.rank:
             run.recorder.run_started(demo=self.options.demo, name=self.options.run_name, attrs={"run": meta})
-        run.recorder.event(message, event="fit_start", **attrs)
+        run.recorder.event(message, event=FIT_START, **attrs)
 
     def close(self, message: str, event: str) -> None:
         """The end event, then the run flushed and closed. Safe twice."""
         run, self.run = self.run, None
-        if run is None:
-            return
-        try:
-            run.recorder.event(message, event=event, batches=self.batches)
-        finally:
-            run.close(self.options.flush_timeout_s)
+        if run is not None:
+            run.end(message, event, flush_timeout_s=self.options.flush_timeout_s, batches=self.batches)
 
     def warn_once(self, what: str, exc: BaseException) -> None:
         """A hook failed: warned about once, on rank zero; the fit goes on."""

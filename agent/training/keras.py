@@ -28,6 +28,7 @@ from jobsight.agent.training.profile_schedule import ProfileOptions
 from jobsight.agent.training.profiling import ProfileWindow
 from jobsight.agent.training.run_records import TrainingRun, warn_rank_zero
 from jobsight.protocol.json_safe import json_safe
+from jobsight.protocol.run_events import FIT_END
 
 PROFILABLE = ("torch", "tensorflow", "jax")
 
@@ -106,7 +107,7 @@ class JobsightCallback(keras.callbacks.Callback):  # type: ignore[misc]
     def on_train_end(self, logs: Mapping[str, Any] | None = None) -> None:
         if self.run is not None:
             self._stop_profile()
-        self._telemetry.close("fit finished", "fit_end")
+        self._telemetry.close("fit finished", FIT_END)
 
     # -- epochs and batches --------------------------------------------------------------------
 

@@ -32,6 +32,7 @@ from jobsight.agent.training.fit_telemetry import CallbackKeywords, CallbackOpti
 from jobsight.agent.training.profile_schedule import ProfileOptions, ProfileSchedule, as_schedule, check_ranks
 from jobsight.agent.training.run_records import TrainingRun, batch_size
 from jobsight.protocol.json_safe import json_safe
+from jobsight.protocol.run_events import EXCEPTION
 from jobsight.protocol.step_phases import FORWARD
 
 F = TypeVar("F", bound=Callable[..., None])
@@ -136,7 +137,7 @@ class JobsightCallback(Callback):
             return
         run.recorder.event(
             f"training failed: {type(exception).__name__}: {exception}", level="ERROR", exception=exception,
-            event="exception", step=self._telemetry.batches, epoch=trainer.current_epoch,
+            event=EXCEPTION, step=self._telemetry.batches, epoch=trainer.current_epoch,
         )
         run.profiling.close()
         run.recorder.flush(self._telemetry.options.flush_timeout_s)

@@ -90,16 +90,18 @@ class ProfileWindow:
         self._steps = 0
         self._stopped = False
 
-    def build(self) -> Any:
-        """Make the torch profiler (not started): for a caller that enters it with ``with``."""
+    def build(self, profile_type: type[Any] | None = None) -> Any:
+        """Make the torch profiler (not started): for a caller that enters it with ``with``.
+        ``profile_type``: a subclass of ``torch.profiler.profile`` to make (``None``: that class)."""
         import torch
         from torch.profiler import ProfilerActivity, profile, schedule
 
+        make = profile_type or profile
         activities = [ProfilerActivity.CPU]
         if torch.cuda.is_available():
             activities.append(ProfilerActivity.CUDA)
         s = self.schedule
-        self.profiler = profile(
+        self.profiler = make(
             activities=activities,
             schedule=(
                 schedule(skip_first=s.skip_first, wait=s.wait, warmup=s.warmup, active=s.active, repeat=s.repeat)

@@ -21,6 +21,7 @@ from typing import Any
 
 from jobsight.agent.settings import AgentSettings, load_agent_settings
 from jobsight.agent.shipping.shipper import Shipper, get_shipper
+from jobsight.agent.training import process_end
 from jobsight.agent.training.context import RunContext, current_context, process_owner
 from jobsight.agent.training.directives import DirectivePoller
 from jobsight.agent.training.profile_schedule import ProfileOptions, ProfileSchedule
@@ -208,12 +209,33 @@ class TrainingRun:
     """A log handler of this run's own (explicit settings); removed at close."""
     watch: StepWatch | None = None
     """Where the rank is inside its step, reported when it stays there long."""
+    ended: bool = False
+    """Its end event was sent (:meth:`end`)."""
 
     def mark(self, step: int, phase: str) -> None:
         """The rank enters ``phase`` (``jobsight.protocol.step_phases``) of step ``step``."""
         watch = self.watch
         if watch is not None:
             watch.mark(step, phase)
+
+    @property
+    def pid(self) -> int:
+        """The process whose run this is: the pid its records carry (a forked child's is another)."""
+        return self.recorder.pid
+
+    def end(self, message: str, event: str, *, level: str = "INFO", exception: BaseException | None = None,
+            flush_timeout_s: float = 2.0, **attrs: Any) -> None:
+        """Send the run's end event (:data:`jobsight.protocol.run_events.END_EVENTS`), then close. Only the
+        first call sends; later ones (the process's exit after a callback's end hook) do nothing. Never raises."""
+        if self.ended:
+            return
+        self.ended = True
+        process_end.untrack(self)
+        try:
+            self.recorder.event(message, level=level, exception=exception, event=event, **attrs)
+        except Exception:  # noqa: BLE001 - boundary: ending telemetry must not fail the job
+            pass
+        self.close(flush_timeout_s)
 
     def close(self, flush_timeout_s: float = 2.0) -> None:
         """Stop a window of ours, post pending request states, flush. Never raises."""
@@ -273,4 +295,6 @@ def open_run(
     )
     watch = StepWatch(recorder, recorder.settings.phase_report_s)
     watch.start()
-    return TrainingRun(recorder, profiling, poller, handler, watch)
+    run = TrainingRun(recorder, profiling, poller, handler, watch)
+    process_end.track(run)  # ended at the process's exit, if nothing ends it before
+    return run

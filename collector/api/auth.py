@@ -24,8 +24,16 @@ Three kinds of bearer token:
   accepted: the prolog's ``job_started`` may sit in a spool while the daemon's samples,
   or the epilog's ``job_ended``, arrive first after a collector outage, and refusing
   them would lose them for good; a ``job_started`` then registers the job, and must
-  name an allocation that holds the token's node (every prolog's does). Refusals are
-  403 naming the record.
+  name an allocation that holds the token's node (every prolog's does). A node's batch is
+  not refused whole for a record it may not write: that record is dropped and named in the
+  answer (:class:`Refusal`), and the rest is stored, so one record of a job registered
+  elsewhere cannot take the telemetry of every job on the node down with it.
+
+A ``gpu_unallocated_use`` record (a GPU used outside any job) names no job: node tokens (their
+own node's) and admins write it, job tokens never. A job token's ``job_started`` may set the
+job's ``name`` and ``demo`` flag only while no prolog registered the job (a run outside Slurm
+names itself); once one did, they are Slurm's. Job and admin tokens' batches are stored whole or
+refused whole (403 naming the record).
 
 Every batch is recorded in the ingest ledger under its sender (:func:`sender_of`), so nobody can
 make another's ``(source, seq)`` a duplicate. Job and node tokens are accepted only when the
@@ -48,20 +56,37 @@ from pathlib import Path
 from typing import Any, Literal
 
 from jobsight.collector.jobs.allocations import Allocation, Registered
+from jobsight.protocol.records import NODE_KINDS
 from jobsight.protocol.tokens import TokenError, looks_like_token, verify_token
 from jobsight.protocol.wire import Batch
 
 log = logging.getLogger("jobsight.collector")
 
 
-
 class AuthError(Exception):
-    """A request without the right to do what it asks; ``status`` is 401 or 403."""
+    """A request without the right to do what it asks; ``status`` is 401 or 403. ``code`` names
+    the rule a refused record broke, in a few fixed words (the metrics' label)."""
 
-    def __init__(self, status: int, reason: str):
+    def __init__(self, status: int, reason: str, code: str = "refused"):
         super().__init__(reason)
         self.status = status
         self.reason = reason
+        self.code = code
+
+
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    """A record of a node token's batch that the token may not write: dropped, the rest stored."""
+
+    index: int
+    """Its place in the batch as sent."""
+    kind: str
+    code: str
+    """The rule it broke: ``other_node``, ``not_allocated``, ``foreign_registration``."""
+    reason: str
+
+    def as_json(self) -> dict[str, Any]:
+        return {"index": self.index, "reason": self.reason}
 
 
 @dataclass(frozen=True)
@@ -186,43 +211,34 @@ class Authenticator:
         principal: Principal,
         batch: Batch,
         allocations: Mapping[str, Allocation] | None = None,
-    ) -> None:
-        """Raise :class:`AuthError` (403, naming the record) unless ``principal`` may write
-        every record of ``batch``.
+    ) -> list[Refusal]:
+        """The records of a node token's batch that it may not write (the caller drops them and
+        stores the rest); for a job or admin token, raise :class:`AuthError` (403, naming the
+        record) unless it may write every record, and return ``[]``. A batch into another
+        cluster is refused whole, whoever sends it.
 
         ``allocations`` maps each job id of the batch to its registration as the collector holds it
         (``None`` or absent: not registered by a prolog yet); see :func:`batch_jobs_to_check`.
         """
         if principal.kind == "admin":
-            return
+            return []
         if batch.cluster != principal.cluster:
             raise AuthError(403, f"a {principal.kind} token of cluster {principal.cluster!r} "
                                  f"cannot write into cluster {batch.cluster!r}")
         known = dict(allocations or {})
         if principal.kind == "job":
-            check_job_owner(principal, known.get(principal.job or ""))
+            registered = known.get(principal.job or "")
+            check_job_owner(principal, registered)
             for index, record in enumerate(batch.records):
-                if record["job"] != principal.job:
-                    raise AuthError(403, f"record {index}: a job token of job {principal.job} "
-                                         f"cannot write records of job {record['job']}")
-                _check_job_token_lifecycle(index, record)
-            return
-        node = principal.node
+                _check_job_record(index, record, principal.job, registered)
+            return []
+        refused: list[Refusal] = []
         for index, record in enumerate(batch.records):
-            if record.get("node") not in (None, node):
-                raise AuthError(403, f"record {index}: the node token of {node} "
-                                     f"cannot write records of node {record.get('node')}")
-            job = record["job"]
-            registered = known.get(job)
-            if registered is not None and registered.nodes:
-                _check_allocated(index, record, node, registered.nodes)
-            elif record["kind"] == "job_started":
-                named = record.get("nodes") or [record.get("node") or node]
-                if node not in named:
-                    raise AuthError(403, f"record {index}: the node token of {node} cannot register job {job} "
-                                         f"on nodes {', '.join(named)} that do not include it")
-                if record.get("user") is not None:
-                    known[job] = Registered(tuple(named), record.get("uid"))  # as ingest will store it
+            try:
+                _check_node_record(index, record, principal.node, known)
+            except AuthError as exc:
+                refused.append(Refusal(index, record["kind"], exc.code, exc.reason))
+        return refused
 
     def authorize_read(self, principal: Principal, job: str | None = None, cluster: str | None = None) -> None:
         """Raise :class:`AuthError` unless ``principal`` may read ``job`` of ``cluster``
@@ -237,25 +253,58 @@ class Authenticator:
         raise AuthError(403, "a node token cannot read")
 
 
+def _check_job_record(index: int, record: Mapping[str, Any], job: str | None, registered: Allocation) -> None:
+    """A job token's record: of its own job, and nothing Slurm or the node has the say over."""
+    if record["kind"] in NODE_KINDS:
+        raise AuthError(403, f"record {index}: a job token cannot write {record['kind']} records "
+                             "(the node daemon reports what runs on its GPUs)")
+    if record["job"] != job:
+        raise AuthError(403, f"record {index}: a job token of job {job} "
+                             f"cannot write records of job {record['job']}")
+    _check_job_token_lifecycle(index, record, registered)
+
+
+def _check_node_record(index: int, record: Mapping[str, Any], node: str | None, known: dict[str, Allocation]) -> None:
+    """A node token's record, judged after the records before it in its batch (a ``job_started``
+    of a job not known yet registers it in ``known``, as ingest will store it)."""
+    if record.get("node") not in (None, node):
+        raise AuthError(403, f"record {index}: the node token of {node} "
+                             f"cannot write records of node {record.get('node')}", "other_node")
+    if record["kind"] in NODE_KINDS:  # its own node's GPUs, no job
+        return
+    job = record["job"]
+    registered = known.get(job)
+    if registered is not None and registered.nodes:
+        _check_allocated(index, record, node, registered.nodes)
+    elif record["kind"] == "job_started":
+        named = record.get("nodes") or [record.get("node") or node]
+        if node not in named:
+            raise AuthError(403, f"record {index}: the node token of {node} cannot register job {job} "
+                                 f"on nodes {', '.join(named)} that do not include it", "foreign_registration")
+        if record.get("user") is not None:
+            known[job] = Registered(tuple(named), record.get("uid"))  # as ingest will store it
+
+
 def _check_allocated(index: int, record: Mapping[str, Any], node: str | None, allocation: Sequence[str]) -> None:
     """A node token's record of a job whose allocation is known."""
     job = record["job"]
     if node not in allocation:
         what = "end" if record["kind"] == "job_ended" else "write records of"
         raise AuthError(403, f"record {index}: job {job} is not registered on node {node} "
-                             f"(its allocation is {', '.join(allocation)}), so {node} cannot {what} it")
+                             f"(its allocation is {', '.join(allocation)}), so {node} cannot {what} it",
+                        "not_allocated")
     if record["kind"] == "job_started":
         outside = sorted(set(record.get("nodes") or ()) - set(allocation))
         if outside:
             raise AuthError(403, f"record {index}: node {node} cannot add {', '.join(outside)} "
-                                 f"to the allocation of job {job}")
+                                 f"to the allocation of job {job}", "not_allocated")
 
 
 def batch_jobs_to_check(principal: Principal, batch: Batch) -> list[str]:
     """The job ids whose registrations :meth:`Authenticator.authorize_batch` needs: every job of a
     node token's batch, a job token's own job."""
     if principal.kind == "node":
-        return sorted({r["job"] for r in batch.records})
+        return sorted({r["job"] for r in batch.records if r["kind"] not in NODE_KINDS})
     if principal.kind == "job" and principal.job is not None:
         return [principal.job]
     return []
@@ -277,14 +326,22 @@ def check_job_owner(principal: Principal, registered: Allocation) -> None:
 
 # What Slurm says about a job (who ran it, where, on what, for how long) comes from the
 # prolog and epilog, which hold node tokens. A job token is in the user's hands, so it may
-# add run metadata to its job but not rewrite the accounting that audits rely on.
-_JOB_TOKEN_MAY_SET = frozenset({"kind", "job", "ts", "node", "name", "demo", "attrs"})
+# add run metadata to its job but not rewrite the accounting that audits rely on. Its name and
+# demo flag too, once a prolog registered the job: the name is what interactive exemptions match,
+# and a demo is left out of reconciliation and the lost rule. A run no prolog registered (outside
+# Slurm, or before its prolog's record arrived) names itself; its first prolog's record replaces
+# both (collector/ingest/write.py ``_job_started``).
+_JOB_TOKEN_MAY_SET = frozenset({"kind", "job", "ts", "node", "attrs"})
+_JOB_TOKEN_MAY_SET_UNREGISTERED = _JOB_TOKEN_MAY_SET | {"name", "demo"}
 
 
-def _check_job_token_lifecycle(index: int, record: Mapping[str, object]) -> None:
+def _check_job_token_lifecycle(index: int, record: Mapping[str, object], registered: Allocation) -> None:
     if record["kind"] == "job_ended":
         raise AuthError(403, f"record {index}: a job token cannot end its job (the epilog does)")
     if record["kind"] == "job_started":
+        may_set = _JOB_TOKEN_MAY_SET if registered is not None else _JOB_TOKEN_MAY_SET_UNREGISTERED
         for field, value in record.items():
-            if value is not None and field not in _JOB_TOKEN_MAY_SET:
-                raise AuthError(403, f"record {index}: a job token cannot set the job's {field}")
+            if value is not None and field not in may_set:
+                why = (f"; a prolog registered job {record['job']}, so it is Slurm's"
+                       if field in _JOB_TOKEN_MAY_SET_UNREGISTERED else "")
+                raise AuthError(403, f"record {index}: a job token cannot set the job's {field}{why}")

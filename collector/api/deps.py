@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Iterator
 from typing import Annotated, Any
 
 from fastapi import Depends, Header, Request
 from psycopg_pool import ConnectionPool
 
 from jobsight.collector.api.auth import Authenticator, Principal
+from jobsight.collector.api.errors import ReadsBusy
 from jobsight.collector.api.telemetry import CollectorMetrics
 from jobsight.collector.config.settings import CollectorSettings
 from jobsight.collector.store.db import Connection
@@ -19,9 +22,32 @@ def get_settings(request: Request) -> CollectorSettings:
     return settings
 
 
-def get_pool(request: Request) -> ConnectionPool[Connection]:
+def get_read_pool(request: Request) -> ConnectionPool[Connection]:
+    """The reads' pool: every route but ingest (whose connections are its own) and readiness."""
+    pool: ConnectionPool[Connection] = request.app.state.read_pool
+    return pool
+
+
+def get_ingest_pool(request: Request) -> ConnectionPool[Connection]:
+    """Ingest's pool, for readiness: ready means ingest can reach the database."""
     pool: ConnectionPool[Connection] = request.app.state.pool
     return pool
+
+
+HEAVY_READ_WAIT_S = 5.0
+
+
+def heavy_read_turn(request: Request) -> Iterator[None]:
+    """A turn among the heavy reads of this process (``heavy_reads`` at once), held for the request;
+    :class:`~jobsight.collector.api.errors.ReadsBusy` (503) when none comes within
+    :data:`HEAVY_READ_WAIT_S`."""
+    turns: threading.BoundedSemaphore = request.app.state.heavy_reads
+    if not turns.acquire(timeout=HEAVY_READ_WAIT_S):
+        raise ReadsBusy(f"too many heavy reads at once ({request.app.state.settings.heavy_reads} per process)")
+    try:
+        yield
+    finally:
+        turns.release()
 
 
 def get_metrics(request: Request) -> CollectorMetrics:
@@ -45,7 +71,9 @@ def get_authenticator(request: Request) -> Authenticator:
 
 
 Settings = Annotated[CollectorSettings, Depends(get_settings)]
-Pool = Annotated[ConnectionPool[Any], Depends(get_pool)]
+ReadPool = Annotated[ConnectionPool[Any], Depends(get_read_pool)]
+IngestPool = Annotated[ConnectionPool[Any], Depends(get_ingest_pool)]
+HeavyReadTurn = Annotated[None, Depends(heavy_read_turn)]
 Metrics = Annotated[CollectorMetrics, Depends(get_metrics)]
 Keeper = Annotated[PartitionKeeper, Depends(get_keeper)]
 CurrentPrincipal = Annotated[Principal, Depends(get_principal)]

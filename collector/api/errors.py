@@ -19,7 +19,7 @@ from starlette.requests import ClientDisconnect
 from jobsight.collector.api.auth import AuthError
 from jobsight.collector.ingest.body import BadBody, BodyTooLarge
 from jobsight.collector.query.traces import TraceUnreadable
-from jobsight.collector.store.db import DatabaseUnavailable, ValueRefused
+from jobsight.collector.store.db import DatabaseUnavailable, ReadTooLong, ValueRefused
 from jobsight.protocol.wire import WireError
 
 log = logging.getLogger("jobsight.collector")
@@ -30,6 +30,11 @@ INGEST_PATH = "/v1/ingest"
 
 class NotFound(LookupError):
     """The job or object asked for does not exist: 404."""
+
+
+class ReadsBusy(RuntimeError):
+    """This process is at work on as many heavy reads as it takes at once, and no turn came in time:
+    503, retry later."""
 
 
 @dataclass(frozen=True)
@@ -70,6 +75,15 @@ def error_answer(exc: Exception, method: str, path: str) -> ErrorAnswer:
         log.debug("%s %s: database unavailable: %s", method, path, exc)  # the outage itself is said once (store/db.py)
         return ErrorAnswer(503, {"detail": {"error": "database unavailable, retry later"}},
                            {"Retry-After": str(RETRY_AFTER_S)}, "database_unavailable")
+    if isinstance(exc, ReadsBusy):
+        error = f"{exc}; retry later"
+        return ErrorAnswer(503, {"detail": {"error": error}}, {"Retry-After": str(RETRY_AFTER_S)}, "reads_busy")
+    if isinstance(exc, ReadTooLong):
+        # The read pool's statement_timeout: the read asked for more than a read may cost, or the database
+        # is loaded; named, and answered like an outage (503, retry later) rather than as a server bug.
+        log.info("%s %s: cancelled by the read statement timeout: %s", method, path, exc)
+        error = "the read ran past the collector's read statement timeout and was cancelled; retry later"
+        return ErrorAnswer(503, {"detail": {"error": error}}, {"Retry-After": str(RETRY_AFTER_S)}, "read_timeout")
     if isinstance(exc, ValueRefused):
         # A body (or parameter) validation could not judge up front: the client's fault, but
         # worth a look, since validation should have refused it with the record and field.
@@ -105,6 +119,6 @@ def install_error_handlers(app: FastAPI) -> None:
             return Response(status_code=answer.status, headers=answer.headers or None)
         return JSONResponse(status_code=answer.status, content=answer.content, headers=answer.headers or None)
 
-    for error in (WireError, BadBody, BodyTooLarge, AuthError, NotFound, DatabaseUnavailable, ValueRefused,
-                  TraceUnreadable, ClientDisconnect, Exception):
+    for error in (WireError, BadBody, BodyTooLarge, AuthError, NotFound, ReadsBusy, DatabaseUnavailable, ReadTooLong,
+                  ValueRefused, TraceUnreadable, ClientDisconnect, Exception):
         app.add_exception_handler(error, handle)

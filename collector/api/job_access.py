@@ -14,7 +14,7 @@ from fastapi import Depends, Query, Request
 from psycopg_pool import ConnectionPool
 
 from jobsight.collector.api.auth import Principal, check_job_owner
-from jobsight.collector.api.deps import Auth, CurrentPrincipal, Pool, Settings
+from jobsight.collector.api.deps import Auth, CurrentPrincipal, ReadPool, Settings
 from jobsight.collector.api.errors import NotFound
 from jobsight.collector.jobs.allocations import Allocation, AllocationCache, job_allocations
 from jobsight.collector.query.jobs import get_job
@@ -74,7 +74,7 @@ def check_token_owner(state: Any, pool: ConnectionPool[Any], principal: Principa
 
 
 def authorized_job(
-    request: Request, job_id: str, cluster: ResolvedCluster, principal: CurrentPrincipal, auth: Auth, pool: Pool
+    request: Request, job_id: str, cluster: ResolvedCluster, principal: CurrentPrincipal, auth: Auth, pool: ReadPool
 ) -> JobKey:
     """``job_id`` (the path parameter) of the resolved cluster, once ``principal`` may read it
     (:class:`~jobsight.collector.api.auth.AuthError` otherwise)."""
@@ -86,7 +86,7 @@ def authorized_job(
 AuthorizedJob = Annotated[JobKey, Depends(authorized_job)]
 
 
-def readable_job(job: AuthorizedJob, pool: Pool) -> JobRef:
+def readable_job(job: AuthorizedJob, pool: ReadPool) -> JobRef:
     """The authorised job with its row; :class:`NotFound` when the collector has never seen it."""
     with unit_of_work(pool) as conn:
         row = get_job(conn, job.cluster, job.job_id)

@@ -11,8 +11,12 @@ but its live gauges are dropped.
 
 from __future__ import annotations
 
+import logging
 import os
 import re
+import threading
+import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Final
 
@@ -20,6 +24,10 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.multiprocess import MultiProcessCollector, mark_process_dead
 
 MULTIPROC_DIR_ENV: Final = "PROMETHEUS_MULTIPROC_DIR"
+REFUSAL_LOG_EVERY_S: Final = 60.0
+"""A sender's refused records are logged at most once in this long (the rest counted into the next line)."""
+
+log = logging.getLogger("jobsight.collector")
 
 # prometheus_client names a live gauge's file gauge_<mode>_<pid>.db (mode liveall, livesum...).
 _LIVE_GAUGE_FILE = re.compile(r"^gauge_live[a-z]+_(\d+)\.db$")
@@ -63,6 +71,36 @@ def forget_dead_workers(path: str) -> list[int]:
     return sorted(dead)
 
 
+class RefusalLog:
+    """Logs the records a node's batches had refused, at most once per sender every ``every_s``:
+    a node that keeps sending records of a job registered elsewhere writes one line a minute, with
+    how many were refused since the last, not one per batch."""
+
+    def __init__(self, every_s: float = REFUSAL_LOG_EVERY_S, clock: Callable[[], float] = time.monotonic) -> None:
+        self.every_s = every_s
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._last: dict[str, float] = {}
+        self._unlogged: dict[str, int] = {}
+
+    def note(self, sender: str, count: int, example: str) -> bool:
+        """Count ``count`` refused records of ``sender``; log them (with ``example``, one reason) unless a
+        line about this sender went out less than ``every_s`` ago. ``True`` when it logged."""
+        with self._lock:
+            now = self._clock()
+            pending = self._unlogged.pop(sender, 0) + count
+            last = self._last.get(sender)
+            if last is not None and now - last < self.every_s:
+                self._unlogged[sender] = pending
+                return False
+            if len(self._last) > 10_000:  # bounded: the oldest senders are forgotten
+                self._last.clear()
+            self._last[sender] = now
+        log.warning("ingest: %d record(s) from %s refused and dropped (the rest of their batches stored); "
+                    "e.g. %r", pending, sender, example)
+        return True
+
+
 class CollectorMetrics:
     """One registry per app, so several apps (tests) can live in one process."""
 
@@ -78,6 +116,13 @@ class CollectorMetrics:
         self.rejects = Counter(
             "jobsight_ingest_rejects", "Batches rejected, by reason", ["reason"], registry=self.registry
         )
+        self.refused = Counter(
+            "jobsight_ingest_records_refused",
+            "Records of node batches the node may not write, dropped while the rest was stored, by kind and rule",
+            ["kind", "rule"],
+            registry=self.registry,
+        )
+        self.refusal_log = RefusalLog()
         self.latency = Histogram(
             "jobsight_ingest_batch_seconds",
             "Time to validate and store one batch",
@@ -92,6 +137,14 @@ class CollectorMetrics:
             registry=self.registry,
         )
         self.workers.set(1)
+
+    def note_refused(self, sender: str, refused: Sequence[tuple[str, str, str]]) -> None:
+        """Count and log (rate-limited) the ``(kind, rule, reason)`` of records refused from ``sender``'s
+        stored batch."""
+        for kind, rule, _ in refused:
+            self.refused.labels(kind, rule).inc()
+        if refused:
+            self.refusal_log.note(sender, len(refused), refused[0][2])
 
     def exposition(self) -> bytes:
         """The text ``/metrics`` answers: this process's registry, or every worker's values."""

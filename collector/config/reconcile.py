@@ -27,6 +27,13 @@ class ReconcileSettings(TomlTableSettings):
     no_limit_silent_s: float = Field(86400.0, ge=0)
     """A running job without a time limit (a workstation run, an ``UNLIMITED`` partition) is ``lost``
     once its nodes have sent nothing for this long; 0: never."""
+    silent_after_s: float = Field(600.0, ge=0)
+    """A run outside Slurm (no Slurm job id, no prolog) is ended as ``silent`` once it has sent nothing for
+    this long while some process of it has not said it ended (killed by SIGKILL or the OOM killer);
+    0: never. Longer than the longest stretch a live run sends nothing (no step, log line or sample)."""
+    ended_quiet_s: float = Field(10.0, ge=0)
+    """A run outside Slurm whose every process said its run ended is ended once nothing of it has arrived
+    for this long (the last records in flight, a process that opens another run)."""
     sacct: str = "sacct"
     """The ``sacct`` command (a name looked up on ``PATH``, or a path). Where it is missing or says
     accounting is off, ``squeue`` is asked instead."""

@@ -65,6 +65,23 @@ class CollectorSettings(TomlTableSettings):
     """Ingest bodies inflated, parsed and validated at once (in worker threads), per collector
     process; more wait their turn, so a burst of large bodies holds at most this many inflated."""
     pool_size: int = Field(8, ge=1, le=256)
+    """Database connections for ingest (group commit, partition DDL, allocation look-ups) per collector
+    process; reads have their own (``read_pool_size``), so no read can hold the ones ingest needs."""
+    read_pool_size: int = Field(8, ge=1, le=256)
+    """Database connections for the read routes per collector process; a read waiting past 5 s for
+    one is answered 503 with ``Retry-After``, and ingest is not slowed by it."""
+    read_statement_timeout_s: float = Field(30.0, gt=0, le=3600)
+    """A read's statement is cancelled after this long (PostgreSQL's ``statement_timeout`` on the read
+    connections) and answered 503 naming the timeout: no read, however large the job, runs for longer."""
+    heavy_reads: int = Field(2, ge=1, le=64)
+    """Heavy reads (a job's epochs) one collector process works on at once; more wait up to 5 s for a
+    turn, then are answered 503. Their CPU is taken from the process that answers ingest."""
+    max_epochs_per_read: int = Field(1000, ge=1, le=1_000_000)
+    """Epochs one ``GET /v1/jobs/{job}/epochs`` answers at most (the job's records set how many it
+    has); the answer says how many were left out."""
+    summary_refresh_interval_s: float = Field(60.0, gt=0, le=86400)
+    """An ended job's summary is recomputed when its ``job_ended`` is stored; rows that arrive later
+    mark it, and the refresh pass recomputes marked summaries this often (at most once per interval)."""
     keep_alive_s: int = Field(75, ge=1, le=3600)
     """How long an idle client connection is kept open. Longer than any agent's batch age (the
     node daemon's is 10 s): a shorter one made every node open a new TCP connection per batch,

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 from typing import Any, Final
 
-from jobsight.protocol.wire import FIELDS, MAX_MESSAGE, MAX_RECORDS, MAX_STRING, MAX_TRACE_B64, VERSION
+from jobsight.protocol.slurm_ids import SAFE_JOB
+from jobsight.protocol.wire import COMMON_FIELDS, FIELDS, MAX_MESSAGE, MAX_RECORDS, MAX_STRING, MAX_TRACE_B64, VERSION
 
 _INT64: Final = {"type": "integer", "minimum": -(2**63), "maximum": 2**63 - 1}
-_COMMON: Final[dict[str, str]] = {"kind": "str", "job": "str", "ts": "int", "node": "str?"}
 _LONGER: Final[dict[str, int]] = {"trace_gz_b64": MAX_TRACE_B64}
 
 
@@ -44,10 +44,11 @@ def _field_schema(name: str, spec: str) -> dict[str, Any]:
 
 def record_schema(kind: str) -> dict[str, Any]:
     """One record kind: its fields, which of them are required, nothing else allowed."""
-    fields = {**_COMMON, **FIELDS[kind]}
+    fields = {**COMMON_FIELDS[kind], **FIELDS[kind]}
     properties = {name: _field_schema(name, spec) for name, spec in fields.items()}
     properties["kind"] = {"type": "string", "enum": [kind]}
-    properties["job"] = {"type": "string", "minLength": 1, "maxLength": MAX_STRING}
+    if "job" in properties:  # a node's kinds have none
+        properties["job"] = {"type": "string", "pattern": f"^{SAFE_JOB.pattern}$", "maxLength": 128}
     properties["ts"] = {"type": "integer", "description": "microseconds since the Unix epoch, UTC"}
     return {
         "title": kind,

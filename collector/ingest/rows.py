@@ -13,6 +13,7 @@ from __future__ import annotations
 import base64
 import binascii
 import datetime as dt
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from itertools import repeat
 from typing import Any, Final
@@ -96,6 +97,8 @@ class PreparedBatch:
     job_started: list[dict[str, Any]] = field(default_factory=list)
     job_ended: list[dict[str, Any]] = field(default_factory=list)
     profiles: list[dict[str, Any]] = field(default_factory=list)
+    unallocated_uses: list[dict[str, Any]] = field(default_factory=list)
+    """``gpu_unallocated_use`` records (a node's, naming no job), ``ts`` as a datetime."""
     counts: dict[str, int] = field(default_factory=dict)
     minutes: MinuteRollup = field(default_factory=MinuteRollup)
     step_minutes: StepRollup = field(default_factory=StepRollup)
@@ -174,6 +177,9 @@ def prepare(batch: Batch) -> PreparedBatch:
             same.append(record)
     prepared.counts = {kind: len(same) for kind, same in by_kind.items()}
     for kind, same in by_kind.items():
+        if kind == "gpu_unallocated_use":  # about a node, not a job: no job row, span or rollup
+            prepared.unallocated_uses.extend({**r, "ts": ts_from_us(r["ts"])} for r in same)
+            continue
         times = [r["ts"] for r in same]
         _add_spans(prepared.jobs_seen, same, times)
         table = SERIES_TABLES.get(kind)
@@ -202,3 +208,11 @@ def prepare(batch: Batch) -> PreparedBatch:
     if prepared.step_minutes.sums:
         prepared.days["step_minutes"] = prepared.step_minutes.days()
     return prepared
+
+
+def prepare_without(batch: Batch, refused: Collection[int]) -> tuple[Batch, PreparedBatch]:
+    """``batch`` without the records at the indices ``refused``, prepared anew: no row, rollup,
+    partition day or job span of a refused record is left in what is written."""
+    kept = [record for index, record in enumerate(batch.records) if index not in refused]
+    rewritten = Batch(batch.source, batch.seq, batch.sent_at, batch.cluster, kept)
+    return rewritten, prepare(rewritten)

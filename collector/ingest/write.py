@@ -22,10 +22,11 @@ from typing import Any
 
 from psycopg.types.json import Jsonb
 
+from jobsight.collector.ingest import unallocated_uses
 from jobsight.collector.ingest.rows import COPY_SQL, COPY_TYPES, SERIES_TABLES, PreparedBatch, copy_sql, prepare
 from jobsight.collector.jobs import job_runs
 from jobsight.collector.jobs.jobs_seen import JobKey, JobsSeen, Span, upsert_jobs
-from jobsight.collector.jobs.summaries import refresh_ended
+from jobsight.collector.jobs.summaries import mark_stale, refresh_ended
 from jobsight.collector.store.db import Connection
 from jobsight.collector.store.partitions import PartitionKeeper
 from jobsight.collector.store.timestamps import ts_from_us
@@ -198,12 +199,17 @@ def store_group(conn: Connection, items: Sequence[Item], seen: Seen | None = Non
         for batch, prepared in stored:
             for record in prepared.profiles:
                 _profile(conn, batch.cluster, record)
+            unallocated_uses.insert(conn, batch.cluster, prepared.unallocated_uses)
         for cluster, record in _in_job_order(stored, started=False):
             if job_runs.is_current(conn, cluster, record):  # an earlier run's end must not end this run
                 _job_ended(conn, cluster, record)
-        # Summaries of ended jobs, in this transaction: at job_ended, and again when late rows arrive.
+        # An ended job's summary is computed here at its job_ended; later rows only mark it for the refresh
+        # pass (collector/jobs/summaries.py), which recomputes it at most once per interval.
+        ending = {(cluster, record["job"]) for cluster, record in _in_job_order(stored, started=False)}
         for cluster in sorted({key[0] for key in written.spans}):
-            refresh_ended(conn, cluster, sorted(job for c, job in written.spans if c == cluster))
+            jobs = sorted(job for c, job in written.spans if c == cluster)
+            refresh_ended(conn, cluster, [job for job in jobs if (cluster, job) in ending])
+            mark_stale(conn, cluster, [job for job in jobs if (cluster, job) not in ending])
     return written
 
 
@@ -215,10 +221,18 @@ def _job_started(conn: Connection, cluster: str, r: dict[str, Any]) -> None:
     conn.execute(
         """UPDATE jobs SET user_name = coalesce(%(user)s, user_name), uid = coalesce(%(uid)s, uid),
                account = coalesce(%(account)s, account), partition = coalesce(%(partition)s, partition),
-               name = coalesce(%(name)s, name), node_count = coalesce(%(node_count)s, node_count),
+               -- name and demo are Slurm's once a prolog registered the job: the first prolog's replace what
+               -- run metadata said before it, and run metadata (no user) never changes them after it
+               name = CASE WHEN user_name IS NULL AND %(user)s::text IS NOT NULL THEN %(name)s
+                           WHEN user_name IS NOT NULL AND %(user)s::text IS NULL THEN name
+                           ELSE coalesce(%(name)s, name) END,
+               demo = CASE WHEN user_name IS NULL AND %(user)s::text IS NOT NULL THEN %(demo)s
+                           WHEN user_name IS NOT NULL AND %(user)s::text IS NULL THEN demo
+                           ELSE demo OR %(demo)s END,
+               node_count = coalesce(%(node_count)s, node_count),
                qos = coalesce(%(qos)s, qos), comment = coalesce(%(comment)s, comment),
                batch = coalesce(%(batch)s, batch),
-               time_limit_s = coalesce(%(time_limit_s)s, time_limit_s), demo = demo OR %(demo)s,
+               time_limit_s = coalesce(%(time_limit_s)s, time_limit_s),
                attrs = coalesce(attrs, '{}'::jsonb) || coalesce(%(attrs)s, '{}'::jsonb),
                nodes = CASE
                    WHEN cardinality(%(nodes)s::text[]) = 0 THEN nodes

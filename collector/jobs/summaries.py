@@ -1,10 +1,19 @@
 """Per-job summaries: computed when a job ends, kept in ``job_summaries``.
 
-:func:`refresh_ended` runs inside the ingest transaction of every batch. For each job
-of the batch that has ended (its ``job_ended`` is in this batch or came earlier), it
-recomputes the summary from the stored rows, so samples that arrive after the job
-ended (a node daemon's last batch, a spool replayed after a collector outage) are
-counted too. A running job costs one primary-key lookup per batch.
+A job's summary is computed in the ingest transaction of its ``job_ended`` (:func:`refresh_ended`;
+reconciliation does the same for a job whose epilog was never heard), so the job's page shows it at once.
+Rows that arrive after that (a node daemon's last batch, a spool replayed after a collector outage) do
+not recompute it in their batch's transaction, which cost a whole summary per batch (0.25 s for a job of
+400k steps): :func:`mark_stale` only marks the summary (``summary.refresh_due``, the time of the first
+late batch since the last refresh), and the refresh pass (collector/passes/summary_refresh.py) recomputes
+marked summaries (:func:`refresh_marked`) at most once per ``summary_refresh_interval_s``. A running
+job costs one primary-key lookup per batch, as before.
+
+Why the mark is an update of the summary row by every late batch, not only by the first: the pass clears
+the mark before it reads the job's rows, and a batch that found the mark already set, but had not yet
+committed when the pass read, would be in no summary and under no mark. Writing the row makes the
+pass's clear wait for every batch that marked before it; the summary upsert keeps a mark made after
+the clear (:data:`_KEEP_MARK`). Only late batches of ended jobs pay this one row write.
 
 What a summary holds (``summary`` JSON; the headline numbers are also columns, for the
 audit lists):
@@ -287,8 +296,9 @@ def store_summary(conn: Connection, cluster: str, job_id: str) -> dict[str, Any]
            VALUES (%s, %s, now(), %s, %s, %s, %s, %s, %s, %s, NULL)
            ON CONFLICT (cluster, job_id) DO UPDATE SET computed_at = excluded.computed_at,
                gpu_count = excluded.gpu_count, gpu_hours = excluded.gpu_hours, mean_util = excluded.mean_util,
-               energy_kwh = excluded.energy_kwh, flags = excluded.flags, summary = excluded.summary,
-               node_energy_kwh = excluded.node_energy_kwh, co2e_kg = NULL""",
+               energy_kwh = excluded.energy_kwh, flags = excluded.flags,
+               node_energy_kwh = excluded.node_energy_kwh, co2e_kg = NULL,
+               summary = excluded.summary""" + _KEEP_MARK,
         (
             cluster,
             job_id,
@@ -315,6 +325,66 @@ def refresh_ended(conn: Connection, cluster: str, job_ids: list[str]) -> int:
     for row in ended:
         store_summary(conn, cluster, row["job_id"])
     return len(ended)
+
+
+REFRESH_MARK: Final = "refresh_due"
+"""The key of ``job_summaries.summary`` that says rows came after the summary was computed: the time
+of the first such batch (ISO 8601). Absent: the summary counts every row stored before it was computed."""
+
+# The upsert of a summary keeps a mark made while it was computed (see the module's docstring).
+_KEEP_MARK: Final = f"""
+               || CASE WHEN job_summaries.summary ? '{REFRESH_MARK}'
+                       THEN jsonb_build_object('{REFRESH_MARK}', job_summaries.summary -> '{REFRESH_MARK}')
+                       ELSE '{{}}'::jsonb END"""
+
+# Only summaries of jobs that have ended (a requeued job's next run is running: its summary is recomputed
+# when that run ends). Usually none: a running job costs one primary-key lookup per batch, as before.
+_STORED_ENDED_SQL: Final = """
+SELECT s.job_id FROM job_summaries AS s JOIN jobs AS j USING (cluster, job_id)
+WHERE s.cluster = %(cluster)s AND s.job_id = ANY(%(jobs)s) AND j.end_time IS NOT NULL
+ORDER BY s.job_id
+"""
+_MARK_SQL: Final = f"""
+UPDATE job_summaries
+SET summary = summary || jsonb_build_object('{REFRESH_MARK}', coalesce(summary -> '{REFRESH_MARK}', to_jsonb(now())))
+WHERE cluster = %(cluster)s AND job_id = %(job)s
+"""
+
+
+def mark_stale(conn: Connection, cluster: str, job_ids: list[str]) -> int:
+    """Mark the stored summaries of those of ``job_ids`` that have ended as missing rows just written
+    (inside the caller's transaction), for the refresh pass; returns how many were marked."""
+    if not job_ids:
+        return 0
+    stored = conn.execute(_STORED_ENDED_SQL, {"cluster": cluster, "jobs": sorted(job_ids)}).fetchall()
+    for row in stored:  # in job id order, as every group locks rows
+        conn.execute(_MARK_SQL, {"cluster": cluster, "job": row["job_id"]})
+    return len(stored)
+
+
+_MARKED_SQL: Final = f"""
+SELECT s.cluster, s.job_id FROM job_summaries AS s JOIN jobs AS j USING (cluster, job_id)
+WHERE s.summary ? '{REFRESH_MARK}' AND j.end_time IS NOT NULL
+ORDER BY s.summary ->> '{REFRESH_MARK}', s.cluster, s.job_id
+LIMIT %(limit)s
+"""
+_CLEAR_SQL: Final = f"""
+UPDATE job_summaries SET summary = summary - '{REFRESH_MARK}'
+WHERE cluster = %(cluster)s AND job_id = %(job)s AND summary ? '{REFRESH_MARK}'
+"""
+
+
+def refresh_marked(conn: Connection, limit: int) -> int:
+    """Recompute up to ``limit`` marked summaries of ended jobs, oldest mark first; returns how many.
+    ``conn`` is in autocommit mode: each job's mark is cleared in a transaction of its own, which
+    waits for the batches that marked it, before its rows are read (see the module's docstring)."""
+    marked = conn.execute(_MARKED_SQL, {"limit": limit}).fetchall()
+    for row in marked:
+        with conn.transaction():
+            conn.execute(_CLEAR_SQL, {"cluster": row["cluster"], "job": row["job_id"]})
+        with conn.transaction():
+            store_summary(conn, row["cluster"], row["job_id"])
+    return len(marked)
 
 
 def get_summary(conn: Connection, cluster: str, job_id: str) -> dict[str, Any] | None:

@@ -11,6 +11,9 @@ the hook reached nothing and its spool went with the node), one periodic pass se
   forgotten), past its time limit plus ``grace_s`` and with no record from any of its nodes for
   ``grace_s``, is ``lost``: ended at its last record, the reason in ``attrs.end_reason``, its
   summary computed. A job without a time limit is lost after ``no_limit_silent_s`` of silence.
+* **Runs outside Slurm** (no Slurm id, no prolog) end when every process of theirs said its run
+  ended, or as ``silent`` after ``silent_after_s`` without a record (collector/passes/local_runs.py);
+  the lost rule is not theirs.
 * **A second look.** Jobs whose epilog ended them in the last ``recheck_ended_s`` are checked once
   against ``sacct``, which may know more (the state only moves up :data:`job_states.SPECIFICITY`).
 
@@ -37,6 +40,7 @@ from psycopg.types.json import Jsonb
 from jobsight.collector.config.reconcile import ReconcileSettings
 from jobsight.collector.jobs.summaries import refresh_ended
 from jobsight.collector.passes.leader import LeaderTimer
+from jobsight.collector.passes.local_runs import LocalRunRules, is_local_run
 from jobsight.collector.passes.slurm_jobs import (
     SlurmCommandError,
     SlurmRecord,
@@ -59,7 +63,8 @@ JobKey = tuple[str, str]
 """cluster, job_id."""
 
 _RUNNING: Final = """
-SELECT cluster, job_id, start_time, coalesce(run_start, start_time) AS run_start, last_seen, time_limit_s, nodes
+SELECT cluster, job_id, user_name, start_time, coalesce(run_start, start_time) AS run_start, last_seen,
+       time_limit_s, nodes
 FROM jobs WHERE state = 'running' AND end_time IS NULL AND NOT demo
 ORDER BY cluster, job_id
 """
@@ -121,6 +126,8 @@ class Reconciliation:
     ended: dict[JobKey, str] = field(default_factory=dict)
     """Jobs ended by Slurm's word, with the state."""
     lost: list[JobKey] = field(default_factory=list)
+    local: dict[JobKey, str] = field(default_factory=dict)
+    """Runs outside Slurm ended by their processes' word or their silence, with the state."""
     rechecked: dict[JobKey, str] = field(default_factory=dict)
     """Ended jobs sacct answered for, with the state they have now."""
 
@@ -134,6 +141,7 @@ class JobReconciler:
         self.sacct = find_command(settings.sacct)
         self.squeue = find_command(settings.squeue)
         self._complaints: dict[str, str] = {}
+        self.local_runs = LocalRunRules(settings, time.time())
         if self.sacct is None and self.squeue is None:
             log.info("reconcile: neither %s nor %s on this host: only the lost rule applies",
                      settings.sacct, settings.squeue)
@@ -246,6 +254,9 @@ class JobReconciler:
         answers = self.ask_slurm(self._slurm_ids(rows), result) if rows else {}
         for row in rows:
             key = (row["cluster"], row["job_id"])
+            if is_local_run(row):
+                self._reconcile_local(conn, row, now, result)
+                continue
             answer = answers.get(row["job_id"])
             if answer is not None and self.settings.clusters and row["cluster"] not in self.settings.clusters:
                 answer = None  # that Slurm's job of this id, not this cluster's
@@ -270,6 +281,12 @@ class JobReconciler:
             if self._end(conn, row, job_states.LOST, None, row["last_seen"].timestamp(),
                          {"end_source": "reconcile", "end_reason": reason}):
                 result.lost.append(key)
+
+    def _reconcile_local(self, conn: Connection, row: Mapping[str, Any], now: float, result: Reconciliation) -> None:
+        ending = self.local_runs.judge(conn, row, now)
+        if ending is not None and self._end(conn, row, ending.state, None, ending.end,
+                                            {"end_source": ending.source, "end_reason": ending.reason}):
+            result.local[(row["cluster"], row["job_id"])] = ending.state
 
     def _recheck_ended(self, conn: Connection, now: float, result: Reconciliation) -> None:
         if self.settings.recheck_ended_s <= 0 or self.sacct is None:
@@ -311,9 +328,10 @@ class Reconciler(LeaderTimer[Reconciliation]):
         return self.jobs.reconcile_once(conn)
 
     def describe(self, result: Reconciliation) -> str | None:
-        if not (result.ended or result.lost):
+        if not (result.ended or result.lost or result.local):
             return None
-        return f"{result.running} running jobs, {len(result.ended)} ended as Slurm says, {len(result.lost)} lost"
+        return (f"{result.running} running jobs, {len(result.ended)} ended as Slurm says, {len(result.lost)} lost, "
+                f"{len(result.local)} outside Slurm ended")
 
 
 def start_reconciler(database_url: str, settings: ReconcileSettings, stop: threading.Event) -> None:

@@ -19,6 +19,7 @@ from jobsight.collector.passes.findings import Evaluator
 from jobsight.collector.passes.notices import NoticeSender
 from jobsight.collector.passes.reconcile import start_reconciler
 from jobsight.collector.passes.reports import Reports, ReportTimer
+from jobsight.collector.passes.summary_refresh import start_summary_refresh
 from jobsight.collector.query.job_energy import carbon_of
 from jobsight.collector.store.db import Connection, autocommit_connection
 from jobsight.collector.store.partitions import PartitionKeeper
@@ -69,7 +70,8 @@ def start_passes(pool: ConnectionPool[Connection], partitions: PartitionKeeper, 
     """Every pass of this process, each in its daemon thread until ``stop`` is set: housekeeping,
     the health evaluator (one process of the collector's leads; see passes/findings.py) with the
     alert sender (every process; rows are claimed with SKIP LOCKED), reconciliation with Slurm
-    (ends jobs whose epilog was never heard; passes/reconcile.py), the waste policies (passes/actions.py),
+    (ends jobs whose epilog was never heard; passes/reconcile.py), the refresh of ended jobs' summaries
+    that rows came after (passes/summary_refresh.py), the waste policies (passes/actions.py),
     the reports (passes/reports.py), the notice sender (passes/notices.py) and, where the site set a
     carbon intensity, the emissions of ended jobs (passes/emissions.py)."""
     start_housekeeping(pool, partitions, settings, stop)
@@ -84,6 +86,7 @@ def start_passes(pool: ConnectionPool[Connection], partitions: PartitionKeeper, 
     sender = alerts.AlertSender(pool, alert_settings, settings.dashboard_url)
     threading.Thread(target=sender.run, args=(stop,), name="jobsight-alerts", daemon=True).start()
     start_reconciler(database_url, settings.reconcile, stop)
+    start_summary_refresh(database_url, settings.summary_refresh_interval_s, stop)
     notify = Notify(alert_settings, settings.dashboard_url) if settings.notices.warn_users else None
     if settings.actions.interval_s > 0 and settings.actions.policies:
         threading.Thread(target=ActionTimer(database_url, settings.actions, notify).run, args=(stop,),

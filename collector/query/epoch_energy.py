@@ -21,11 +21,19 @@ What is read, for a 64-GPU, 24-hour job (5.5 M samples):
 
 * counters: the hourly rollup's first and last reading of each GPU-hour (1,536 rows), plus,
   near each boundary only, the last reading before it and the first after it among those within
-  :data:`NEAR` (DISTINCT ON: one row per GPU and side). Where a GPU has none there (sampling
-  slower than that, or a gap), the per-minute rollup's first and last readings of the minutes
-  around that boundary are read too, and failing those the hours' are the nearest;
+  :data:`NEAR`: the samples near any boundary are read once, and each GPU's are searched per
+  boundary (bisection), so the cost is samples plus boundaries × GPUs, never their product. Where a
+  GPU has none there (sampling slower than that, or a gap), the per-minute rollup's first and last
+  readings of the minutes around that boundary are read too, and failing those the hours' are the
+  nearest;
 * power integrals: every sample of the GPUs without a counter, as the summary integrates them,
   reduced in SQL to the first and last of each stretch between boundaries.
+
+A job says how many epochs it has (its step records), so one read lists at most ``max_epochs``
+(:data:`MAX_EPOCHS` unless the caller says): the latest ones, and reads only their rows
+(:func:`~jobsight.collector.query.epoch_steps.latest_epochs`). The earlier ones are one span
+(``epochs_left_out``, with their count; their steps are not counted), so the spans still add up to
+the job's energy.
 """
 
 from __future__ import annotations
@@ -50,6 +58,9 @@ GPUs without one, or the two (some GPUs each way)."""
 
 NEAR: Final = dt.timedelta(seconds=10)
 """How far from a boundary raw samples are looked for: two intervals of the agent's default 5 s."""
+
+MAX_EPOCHS: Final = 1000
+"""Epochs one read lists at most (the collector's ``max_epochs_per_read`` by default)."""
 
 GpuKey = tuple[str, int, str]
 """node, GPU index, MIG device ('' for none)."""
@@ -91,23 +102,11 @@ SELECT node, gpu_index, mig_uuid, first_ts, last_ts, energy_min, energy_max, ene
 FROM gpu_hours WHERE job_id = %(job)s AND cluster = %(cluster)s
 """
 
-# The last reading at or before each boundary (``i``, from 1) and the first after it, per GPU,
-# among the samples within %(near)s of it (read once for all boundaries).
+# The counter readings of the samples within %(near)s of any boundary, read once for all of them.
 _NEAR_SAMPLES: Final = f"""
-WITH bd(at, i) AS (SELECT * FROM unnest(%(bounds)s::timestamptz[]) WITH ORDINALITY),
-near AS MATERIALIZED (
-    SELECT node, gpu_index, mig_uuid, ts, energy_j
-    FROM {tiers.samples_near(("energy_j",), times="%(bounds)s::timestamptz[]", near="%(near)s")} g
-    WHERE energy_j IS NOT NULL
-)
-SELECT bd.i, s.node, s.gpu_index, s.mig_uuid, s.ts, s.energy_j AS value
-FROM bd CROSS JOIN LATERAL (
-    (SELECT DISTINCT ON (node, gpu_index, mig_uuid) node, gpu_index, mig_uuid, ts, energy_j
-     FROM near WHERE ts >= bd.at - %(near)s AND ts <= bd.at ORDER BY node, gpu_index, mig_uuid, ts DESC)
-    UNION ALL
-    (SELECT DISTINCT ON (node, gpu_index, mig_uuid) node, gpu_index, mig_uuid, ts, energy_j
-     FROM near WHERE ts > bd.at AND ts <= bd.at + %(near)s ORDER BY node, gpu_index, mig_uuid, ts)
-) s
+SELECT node, gpu_index, mig_uuid, ts, energy_j AS value
+FROM {tiers.samples_near(("energy_j",), times="%(bounds)s::timestamptz[]", near="%(near)s")} g
+WHERE energy_j IS NOT NULL
 """
 
 # The readings the per-minute rollup keeps of the minutes around each boundary. A monotonic
@@ -171,17 +170,33 @@ def _from_samples(conn: Connection, params: dict[str, Any], bounds: list[dt.date
     return curves
 
 
+def _next_to(readings: list[Point], times: list[dt.datetime], at: dt.datetime) -> tuple[Point | None, Point | None]:
+    """Of one GPU's ``readings`` (ascending, ``times`` theirs), the last at or before ``at`` and the
+    first after it, each only when within :data:`NEAR` of it."""
+    i = bisect_right(times, at)
+    before = readings[i - 1] if i > 0 and times[i - 1] >= at - NEAR else None
+    after = readings[i] if i < len(times) and times[i] <= at + NEAR else None
+    return before, after
+
+
 def _add_near_readings(conn: Connection, params: dict[str, Any], bounds: list[dt.datetime],
                        curves: dict[GpuKey, GpuCurve]) -> None:
     """Add to the counter ``curves`` the readings around each of ``bounds``: the samples next to
     it, and where a GPU has none within :data:`NEAR` on a side while the boundary is inside its
     readings (sampling slower than that, or a gap), the readings of the minutes around it."""
-    found: set[tuple[int, GpuKey, bool]] = set()
+    near: dict[GpuKey, list[Point]] = defaultdict(list)
     for row in conn.execute(_NEAR_SAMPLES, {**params, "bounds": bounds, "near": NEAR}).fetchall():
-        key, index = _key(row), row["i"] - 1
-        if (curve := curves.get(key)) is not None:
-            curve.points.append((row["ts"], row["value"]))
-            found.add((index, key, row["ts"] > bounds[index]))
+        if (key := _key(row)) in curves:
+            near[key].append((row["ts"], row["value"]))
+    found: set[tuple[int, GpuKey, bool]] = set()
+    for key, readings in near.items():
+        readings.sort()
+        times = [t for t, _ in readings]
+        for index, at in enumerate(bounds):
+            for after, reading in enumerate(_next_to(readings, times, at)):
+                if reading is not None:
+                    curves[key].points.append(reading)
+                    found.add((index, key, bool(after)))
     spans = {key: (min(t for t, _ in c.points), max(t for t, _ in c.points)) for key, c in curves.items() if c.points}
     lacking = [b for i, b in enumerate(bounds) for key, (first, last) in spans.items()
                if first < b < last and not {(i, key, False), (i, key, True)} <= found]
@@ -252,16 +267,24 @@ def _span(epoch: int | None, start: dt.datetime, end: dt.datetime, energy_j: flo
     }
 
 
-def job_epochs(conn: Connection, cluster: str, job_id: str, *, running: bool) -> dict[str, Any]:
+def job_epochs(conn: Connection, cluster: str, job_id: str, *, running: bool,
+               max_epochs: int = MAX_EPOCHS) -> dict[str, Any]:
     """Per epoch of the job: start, end, duration, steps, samples, samples/s, energy (J and kWh),
     J per sample, mean power, and the method (:data:`COUNTER`, :data:`POWER_INTEGRAL` or
     :data:`BOTH`); the energy before the first epoch and after the last step; the job's energy.
     While the job runs (``running``), the last epoch, the time after it and the total are still
     growing (``growing``). Energies are ``None`` when no GPU of the job has a counter or power. Beside the
     GPUs' (``energy_j``), each span has the job's share of its nodes' energy (``node_energy_j``, ``None``
-    without a node power source) and both (``total_energy_j``, ``total_kwh``)."""
-    epochs = epoch_steps.job_epochs(conn, cluster, job_id)
-    bounds = [*(e.start for e in epochs), epochs[-1].end] if epochs else []
+    without a node power source) and both (``total_energy_j``, ``total_kwh``).
+
+    At most ``max_epochs`` epochs are listed, the latest; ``epochs_left_out`` is then the earlier ones as
+    one span (``epochs``: how many; ``None`` when none was left out), and ``epoch_count`` is every epoch."""
+    latest = epoch_steps.latest_epochs(conn, cluster, job_id, max_epochs)
+    epochs, left_out_start = latest.epochs, latest.left_out_start
+    # Bounds: the left-out epochs' start (when there are any), each listed epoch's start, the last one's end.
+    bounds = [*([left_out_start] if left_out_start else []), *(e.start for e in epochs), epochs[-1].end] \
+        if epochs else []
+    first_epoch = 1 if left_out_start else 0  # the part of bounds where the listed epochs begin, less one
     curves = gpu_curves(conn, cluster, job_id, bounds)
     values = [[c.points[0][1], *(c.at(b) for b in bounds), c.points[-1][1]] for c in curves.values()]
     method = _method({c.method for c in curves.values()})
@@ -272,13 +295,18 @@ def job_epochs(conn: Connection, cluster: str, job_id: str, *, running: bool) ->
 
     total = sum(v[-1] - v[0] for v in values) if values else None
     node = node_energy_by_part(conn, cluster, job_id, bounds)
-    spans = [_span(e.epoch, e.start, e.end, energy(i + 1), method, steps=e.steps, samples=e.samples,
-                   growing=running and i == len(epochs) - 1, node_j=node.get(i + 1)) for i, e in enumerate(epochs)]
-    before = after = None
+    spans = [_span(e.epoch, e.start, e.end, energy(first_epoch + i + 1), method, steps=e.steps, samples=e.samples,
+                   growing=running and i == len(epochs) - 1, node_j=node.get(first_epoch + i + 1))
+             for i, e in enumerate(epochs)]
+    before = after = earlier = None
+    if left_out_start is not None and epochs:
+        # Their steps and samples are not counted: that would read every one of their rows.
+        earlier = {**_span(None, left_out_start, epochs[0].start, energy(1), method, node_j=node.get(1)),
+                   "epochs": latest.left_out}
     if epochs and curves:
         first = min(c.points[0][0] for c in curves.values())
         last = max(c.points[-1][0] for c in curves.values())
-        before = _span(None, min(first, epochs[0].start), epochs[0].start, energy(0), method, node_j=node.get(0))
+        before = _span(None, min(first, bounds[0]), bounds[0], energy(0), method, node_j=node.get(0))
         after = _span(None, epochs[-1].end, max(last, epochs[-1].end), energy(len(bounds)), method, growing=running,
                       node_j=node.get(len(bounds)))
     node_total = sum(node.values()) if node else None
@@ -287,5 +315,6 @@ def job_epochs(conn: Connection, cluster: str, job_id: str, *, running: bool) ->
         "energy_j": total, "energy_kwh": total / J_PER_KWH if total is not None else None, "method": method,
         "node_energy_j": node_total,
         "gpus": {m: sum(1 for c in curves.values() if c.method == m) for m in (COUNTER, POWER_INTEGRAL)},
-        "epochs": spans, "before_first_epoch": before, "after_last_step": after,
+        "epoch_count": len(epochs) + latest.left_out, "epochs": spans, "epochs_left_out": earlier,
+        "before_first_epoch": before, "after_last_step": after,
     }

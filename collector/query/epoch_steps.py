@@ -55,6 +55,7 @@ WITH m AS (
            epoch IS NOT DISTINCT FROM lag(epoch) OVER w AND row_number() OVER w > 1 AS pure,
            sum(steps) OVER (PARTITION BY ts) AS minute_steps
     FROM step_minutes WHERE job_id = %(job)s AND cluster = %(cluster)s
+      AND (%(since)s::timestamptz IS NULL OR ts >= %(since)s)
     WINDOW w AS (PARTITION BY rank ORDER BY ts)
 )
 SELECT epoch, rank, sum(steps)::int8 AS steps, sum(samples_sum)::int8 AS samples, max(last_ts) AS last_ts,
@@ -89,7 +90,7 @@ _ALL_STEPS: Final = f"""
 SELECT epoch, coalesce(rank, {NO_RANK}) AS rank, count(*) AS steps, sum(samples)::int8 AS samples,
        max(ts) AS last_ts
 FROM steps WHERE job_id = %(job)s AND cluster = %(cluster)s AND coalesce(phase, 'train') = 'train'
-  AND epoch IS NOT NULL
+  AND epoch IS NOT NULL AND (%(since)s::timestamptz IS NULL OR ts >= %(since)s)
 GROUP BY epoch, coalesce(rank, {NO_RANK})
 """
 
@@ -113,12 +114,14 @@ def _add(counts: Counts, epoch: int, rank: int, steps: float, samples: float | N
         count.samples = (count.samples or 0.0) + samples
 
 
-def _shared_by_time(row: dict[str, Any], starts: Sequence[tuple[dt.datetime, int]], counts: Counts) -> None:
+def _shared_by_time(row: dict[str, Any], starts: Sequence[tuple[dt.datetime, int]], times: Sequence[dt.datetime],
+                    counts: Counts) -> None:
     """Share one minute row's steps and samples between the epochs its span crosses (by the
-    epochs' start times), in proportion to the time it spent in each."""
+    epochs' start times, ``times``: theirs), in proportion to the time it spent in each. The
+    epochs it crosses are found by bisection: a job's epoch count is its own to set, and a scan
+    of every epoch per row cost rows × epochs."""
     first, last = row["first_ts"], row["last_ts"]
-    times = [t for t, _ in starts]
-    cuts = [t for t in times if first < t <= last]
+    cuts = times[bisect_right(times, first):bisect_right(times, last)]
     edges = [first, *cuts, last]
     span = (last - first).total_seconds()
     for lo, hi in zip(edges, edges[1:], strict=False):
@@ -153,22 +156,43 @@ def _counts(conn: Connection, params: dict[str, Any], starts: Sequence[tuple[dt.
         for r in exact:
             _add(counts, r["epoch"], r["rank"], r["steps"], r["samples"])
     else:
+        times = [t for t, _ in starts]
         for r in mixed:
-            _shared_by_time(r, starts, counts)
+            _shared_by_time(r, starts, times, counts)
     return counts, last
 
 
-def job_epochs(conn: Connection, cluster: str, job_id: str, *, raw_budget: int = RAW_STEPS_BUDGET) -> list[EpochSteps]:
-    """The job's epochs in time order (none when its steps carry no epoch)."""
-    starts = sorted((r["ts"], r["epoch"]) for r in queries.epoch_starts(conn, cluster, job_id))
-    if not starts:
-        return []
-    counts, last = _counts(conn, {"job": job_id, "cluster": cluster}, starts, raw_budget)
+# The latest epoch starts (and one more), with how many there are and when the first began: a read
+# lists at most that many, and everything it reads after this is bounded by them, not by the job.
+_LATEST_STARTS: Final = """
+SELECT epoch, ts, count(*) OVER () AS total, min(ts) OVER () AS first_ts
+FROM epoch_starts WHERE job_id = %(job)s AND cluster = %(cluster)s
+ORDER BY ts DESC, epoch DESC LIMIT %(limit)s
+"""
+
+
+@dataclass(frozen=True)
+class LatestEpochs:
+    """The latest epochs of a job (at most as many as asked), and what came before them."""
+
+    epochs: list[EpochSteps]
+    left_out: int
+    """Earlier epochs not listed."""
+    left_out_start: dt.datetime | None
+    """When the first of them began (``None``: none left out); they end where ``epochs[0]`` begins."""
+
+
+def _epochs(conn: Connection, params: dict[str, Any], starts: Sequence[tuple[dt.datetime, int]], listed: int,
+            raw_budget: int) -> list[EpochSteps]:
+    """The last ``listed`` of ``starts`` (ascending) as epochs; the ones before them only take their
+    own steps, so the listed ones count none of theirs."""
+    counts, last = _counts(conn, params, starts, raw_budget)
     per_epoch: dict[int, list[_Count]] = defaultdict(list)
     for (epoch, _), count in counts.items():
         per_epoch[epoch].append(count)
     epochs = []
-    for index, (start, epoch) in enumerate(starts):
+    for index in range(len(starts) - listed, len(starts)):
+        start, epoch = starts[index]
         end = starts[index + 1][0] if index + 1 < len(starts) else max(last or start, start)
         ranks = per_epoch.get(epoch, [])
         samples = [c.samples for c in ranks if c.samples is not None]
@@ -177,3 +201,30 @@ def job_epochs(conn: Connection, cluster: str, job_id: str, *, raw_budget: int =
             samples=round(sum(samples)) if samples else None,
         ))
     return epochs
+
+
+def job_epochs(conn: Connection, cluster: str, job_id: str, *, raw_budget: int = RAW_STEPS_BUDGET) -> list[EpochSteps]:
+    """The job's epochs in time order (none when its steps carry no epoch)."""
+    starts = sorted((r["ts"], r["epoch"]) for r in queries.epoch_starts(conn, cluster, job_id))
+    if not starts:
+        return []
+    return _epochs(conn, {"job": job_id, "cluster": cluster, "since": None}, starts, len(starts), raw_budget)
+
+
+def latest_epochs(conn: Connection, cluster: str, job_id: str, limit: int, *,
+                  raw_budget: int = RAW_STEPS_BUDGET) -> LatestEpochs:
+    """The job's last ``limit`` epochs in time order, as :func:`job_epochs` gives them, reading only
+    their rows (and the minute before): a job's epoch count is its own to set, a read's cost is not."""
+    params: dict[str, Any] = {"job": job_id, "cluster": cluster, "limit": limit + 1}
+    rows = conn.execute(_LATEST_STARTS, params).fetchall()
+    if not rows:  # a job stored before the step rollup: its epochs come from its steps, every one
+        every = job_epochs(conn, cluster, job_id, raw_budget=raw_budget)
+        shown = every[-limit:] if every else []
+        return LatestEpochs(shown, len(every) - len(shown), every[0].start if len(every) > limit else None)
+    starts = sorted((r["ts"], r["epoch"]) for r in rows)
+    listed = min(limit, len(starts))
+    # From the minute the epoch before the listed ones began: every step of the listed ones is in it.
+    since = starts[0][0].replace(second=0, microsecond=0)
+    epochs = _epochs(conn, {**params, "since": since}, starts, listed, raw_budget)
+    total = rows[0]["total"]
+    return LatestEpochs(epochs, total - listed, rows[0]["first_ts"] if total > listed else None)

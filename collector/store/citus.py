@@ -7,6 +7,7 @@ every table, idempotently (a table already placed is left as it is):
   job's rows of every table sit in one shard group and a job's page is read from one worker. A
   partitioned table is distributed as a whole; the daily partitions made later follow it;
 * the batch ledger ``ingest_batches``: distributed by ``source`` (its key is ``(source, sender, seq)``);
+* ``gpu_unallocated_uses`` (GPUs used outside any job, which have no job id): distributed by ``node``;
 * :data:`REFERENCE_TABLES`, small lookup tables: a copy on every node;
 * :data:`LOCAL_TABLES`: left on the coordinator, each for the reason given.
 
@@ -27,7 +28,7 @@ from psycopg import sql
 
 DISTRIBUTION_COLUMN: Final = "job_id"
 COLOCATE_WITH: Final = "jobs"
-BY_SOURCE: Final[dict[str, str]] = {"ingest_batches": "source"}
+BY_SOURCE: Final[dict[str, str]] = {"ingest_batches": "source", "gpu_unallocated_uses": "node"}
 """Tables distributed by another column than ``job_id``, with it."""
 REFERENCE_TABLES: Final[dict[str, str]] = {
     "gpu_devices": "the packed GPU tier's dictionary of devices: small, read with every packed block",

@@ -41,6 +41,11 @@ class DatabaseUnavailable(RuntimeError):
     """The database cannot be reached or is shutting down; the client should retry."""
 
 
+class ReadTooLong(RuntimeError):
+    """A read ran past the read connections' ``statement_timeout`` and PostgreSQL cancelled it: it asked
+    for more than a read may cost, or the database was too busy to answer it in time (not an outage)."""
+
+
 class ValueRefused(ValueError):
     """PostgreSQL refused a value of the request (a ``DataError``: out of range, NUL in
     text, a bad time): the request is at fault, and sending it again will not help."""
@@ -106,14 +111,29 @@ def unavailable(exc: BaseException, fallback: str = "database unreachable") -> D
     return unavailable_error
 
 
-def open_pool(database_url: str, size: int) -> ConnectionPool[Connection]:
+INGEST_POOL: Final = "jobsight-ingest"
+READ_POOL: Final = "jobsight-read"
+"""The names of the collector's two pools (and their connections' ``application_name``): ingest's, for
+the group commit, partition DDL and allocation look-ups, and the reads', for every other route, so no
+read can take a connection ingest needs."""
+
+
+def open_pool(database_url: str, size: int, statement_timeout_s: float | None = None,
+              name: str = INGEST_POOL) -> ConnectionPool[Connection]:
+    """A pool of at most ``size`` connections; ``statement_timeout_s``: PostgreSQL cancels a statement
+    of these connections that runs longer (``None``: the server's setting, none by default)."""
+    kwargs: dict[str, Any] = {"row_factory": dict_row, "connect_timeout": 5, "application_name": name}
+    if statement_timeout_s is not None:
+        # Set by the server for the whole session, from the start: no read can unset it with a query.
+        kwargs["options"] = f"-c statement_timeout={max(1, round(statement_timeout_s * 1000))}"
     pool: ConnectionPool[Connection] = ConnectionPool(
         libpq_url(database_url),
+        name=name,
         min_size=1,
         max_size=size,
         open=False,
         timeout=5.0,
-        kwargs={"row_factory": dict_row, "connect_timeout": 5},
+        kwargs=kwargs,
         # No check on every checkout (a round trip per request): a connection broken by a
         # database restart fails its request with 503, is discarded, and the retry gets a new one.
         reconnect_timeout=0,
@@ -130,7 +150,14 @@ def unit_of_work(pool: ConnectionPool[Connection]) -> Iterator[Connection]:
             with conn.transaction():
                 yield conn
         OUTAGE.passed()
-    except (PoolTimeout, psycopg.OperationalError, psycopg.InternalError) as exc:
+    except psycopg.errors.QueryCanceled as exc:
+        # statement_timeout (the read pool's): the request asked for too much, not an outage.
+        raise ReadTooLong(_first_line(exc, "statement timeout")) from exc
+    except PoolTimeout as exc:
+        if pool.name == READ_POOL:  # every read connection busy with reads: no outage, ingest has its own
+            raise DatabaseUnavailable("every read connection is busy") from exc
+        raise unavailable(exc) from exc
+    except (psycopg.OperationalError, psycopg.InternalError) as exc:
         if not is_connection_failure(exc):
             raise
         raise unavailable(exc) from exc

@@ -389,6 +389,25 @@ ingest_batches = Table(
     Index(None, "received_at"),
 )
 
+# Processes on a GPU that no job was given, as the node daemons report them (gpu_unallocated_use
+# records, collector/ingest/unallocated_uses.py), for the admins: no job_id, since they belong to no
+# job. On Citus it is distributed by node (collector/store/citus.py), which every key holds.
+gpu_unallocated_uses = Table(
+    "gpu_unallocated_uses",
+    metadata,
+    Column("cluster", Text, nullable=False),
+    Column("node", Text, nullable=False),
+    Column("ts", TS, nullable=False),
+    Column("gpu_index", SmallInteger, nullable=False),
+    Column("gpu_uuid", Text, nullable=False),
+    Column("pid", Integer, nullable=False),
+    Column("uid", Integer),
+    Column("mem_used", BigInteger),
+    Column("received_at", TS, nullable=False, server_default=text("now()")),
+    PrimaryKeyConstraint("node", "cluster", "gpu_index", "ts", "pid"),
+    Index(None, "ts"),
+)
+
 profile_requests = Table(
     "profile_requests",
     metadata,

@@ -2,7 +2,8 @@
 
 A job's end is heard from several places, in any order: each node's epilog (environment plus
 ``squeue --json``), the training process's own ``job_ended``, reconciliation with ``sacct`` or
-``squeue`` (collector/passes/reconcile.py), and the silent-node rule that marks a job ``lost``. They do
+``squeue`` (collector/passes/reconcile.py), the silent-node rule that marks a job ``lost`` and, for a run
+outside Slurm, its processes' own end events or their silence (``silent``). They do
 not all know as much: a training process that died of SIGTERM only knows it exited 143, where the
 epilog or ``sacct`` knows Slurm cancelled it at its time limit. So the collector keeps the **most
 specific** state it has heard: a later record replaces the stored state only when it ranks at least
@@ -29,10 +30,15 @@ REQUEUED: Final = "requeued"
 LOST: Final = "lost"
 """Not a Slurm state: nothing said how the job ended, and all its nodes went silent past its time
 limit plus a grace period (collector/passes/reconcile.py)."""
+SILENT: Final = "silent"
+"""Not a Slurm state: a run outside Slurm (no Slurm job id, no prolog) whose processes stopped sending
+without saying they ended (SIGKILL, the OOM killer, a lost node) and stayed silent for ``silent_after_s``
+(collector/passes/local_runs.py)."""
 
 SPECIFICITY: Final[dict[str, int]] = {
     # Nothing known: any word from Slurm replaces it.
     LOST: 0,
+    SILENT: 0,
     # What an exit code alone says (the training process, or an epilog that heard nothing more).
     COMPLETED: 1,
     FAILED: 2,
@@ -48,7 +54,7 @@ SPECIFICITY: Final[dict[str, int]] = {
 """Each end state's rank: a state replaces a stored one of lower or equal rank, never a higher one."""
 
 END_STATES: Final[tuple[str, ...]] = (COMPLETED, FAILED, CANCELLED, TIMEOUT, OUT_OF_MEMORY, NODE_FAIL, PREEMPTED,
-                                       REQUEUED, LOST)
+                                       REQUEUED, LOST, SILENT)
 """Every end state, in the order lists and filters show them."""
 
 # Slurm's JobState names (squeue, scontrol, sacct) → ours. Slurm states without a line here

@@ -1,6 +1,7 @@
 """The shape of every record kind, declared once.
 
-:class:`Common` holds what every record carries; each kind's own fields are one dataclass
+:class:`Common` holds what every record of a job carries (:class:`NodeCommon`, what a record about
+a node carries: no job, see :data:`NODE_KINDS`); each kind's own fields are one dataclass
 here, and :data:`RECORDS` names the kind each one is on the wire. Everything else follows
 from these classes: :mod:`jobsight.protocol.wire` derives its validation table
 (``wire.FIELDS``) from their annotations, the agent's ``GpuReading`` is :class:`GpuSample`
@@ -108,11 +109,26 @@ class Common:
     kind: str
     """One of the keys of :data:`RECORDS`."""
     job: str
-    """The Slurm job id, or ``local-<host>-<pid>-<start>`` outside Slurm."""
+    """The Slurm job id, or ``local-<host>-<pid>-<start>`` outside Slurm: an id
+    :func:`jobsight.protocol.slurm_ids.is_job_id` takes (the wire refuses any other)."""
     ts: Int8
     """Microseconds since the Unix epoch, UTC."""
     node: str | None = None
     """The host the record was taken on."""
+
+
+@dataclass(kw_only=True)
+class NodeCommon:
+    """What a record about a node rather than a job starts with, instead of :class:`Common`: it
+    carries no ``job`` (a ``job`` field is refused), and ``node`` is required. Kinds in
+    :data:`NODE_KINDS`."""
+
+    kind: str
+    """One of :data:`NODE_KINDS`."""
+    ts: Int8
+    """Microseconds since the Unix epoch, UTC."""
+    node: str
+    """The node the record speaks of; a node token writes only its own node's."""
 
 
 # Not keyword-only, unlike the other kinds: its required fields lead, and the node daemon
@@ -333,6 +349,25 @@ class Dropped:
     reason: str | None = None
 
 
+@dataclass(kw_only=True)
+class GpuUnallocatedUse:
+    """A process on a GPU that no job on the node was given (no registration names the GPU), and
+    that belongs to no job registered on the node: a use of the GPU outside any job, for the
+    admins. The node daemon sends one per such process, at most once a minute per GPU while the use
+    lasts. It names no job: what a process says of itself (its ``SLURM_JOB_ID``) is no evidence,
+    and a job id it chose must never reach a job's telemetry or a Slurm command."""
+
+    gpu_index: Int2
+    gpu_uuid: str
+    """The physical GPU's UUID."""
+    pid: Int4
+    """The process, as the node's kernel numbers it."""
+    uid: Int4 | None = None
+    """Its real uid (``/proc/<pid>/status``); ``None`` when it could not be read (it exited)."""
+    mem_used: Int8 | None = None
+    """Bytes of GPU memory NVML says it uses; ``None`` when NVML does not say."""
+
+
 # The kinds on the wire, in the order wire.KINDS lists them.
 RECORDS: Final[dict[str, type[Any]]] = {
     "gpu_sample": GpuSample,
@@ -345,4 +380,13 @@ RECORDS: Final[dict[str, type[Any]]] = {
     "job_ended": JobEnded,
     "dropped": Dropped,
     "gpu_event": GpuEvent,
+    "gpu_unallocated_use": GpuUnallocatedUse,
 }
+
+NODE_KINDS: Final = frozenset({"gpu_unallocated_use"})
+"""The kinds about a node rather than a job: they start with :class:`NodeCommon` (no ``job``)."""
+
+
+def common_of(kind: str) -> type[Any]:
+    """The fields a record of ``kind`` starts with: :class:`NodeCommon` or :class:`Common`."""
+    return NodeCommon if kind in NODE_KINDS else Common

@@ -7,8 +7,9 @@ A batch is gzip-compressed JSON::
 
 ``(source, seq)`` identifies a batch: the collector stores a batch once however
 often it is sent. Every record carries ``kind``, ``job`` (the Slurm job id, or
-``local-<host>-<pid>-<start>`` outside Slurm) and ``ts`` (microseconds since the
-Unix epoch, UTC).
+``local-<host>-<pid>-<start>`` outside Slurm; refused unless ``slurm_ids.is_job_id`` takes it)
+and ``ts`` (microseconds since the Unix epoch, UTC). A record about a node rather than a job
+(``records.NODE_KINDS``: a GPU used outside any job) has no ``job`` and must name its ``node``.
 
 Each kind's fields are declared once, in :mod:`jobsight.protocol.records`; ``FIELDS``
 (and ``RANGES``, the bounds of numbers) are derived from there by
@@ -35,7 +36,8 @@ try:  # the agent's extra brings orjson; without it the standard library seriali
     import orjson as _orjson
 except ImportError:  # pragma: no cover - exercised where the agent runs without the extra
     _orjson = None  # type: ignore[assignment]
-from jobsight.protocol.records import RECORDS, Common, Int64, Range
+from jobsight.protocol.records import NODE_KINDS, RECORDS, Int64, Range, common_of
+from jobsight.protocol.slurm_ids import is_job_id
 from jobsight.protocol.specs import FINITE, wire_contents, wire_fields, wire_ranges
 
 VERSION: Final = 1
@@ -65,12 +67,15 @@ MAX_BATCH_DAYS: Final = 8
 # means the field may be absent or null. Key order is declaration order, which is the order
 # fields are checked in.
 KINDS: Final[tuple[str, ...]] = tuple(RECORDS)
-_COMMON: Final = wire_fields(Common)
+COMMON_FIELDS: Final[dict[str, dict[str, str]]] = {kind: wire_fields(common_of(kind)) for kind in RECORDS}
+"""The fields each kind starts with (``records.Common``, or ``records.NodeCommon`` for a node's kinds)."""
 FIELDS: Final[dict[str, dict[str, str]]] = {kind: wire_fields(shape) for kind, shape in RECORDS.items()}
 # The bounds of every int and float field by kind, common fields included; also derived.
 RANGES: Final[dict[str, dict[str, Range]]] = {
-    kind: {**wire_ranges(Common), **wire_ranges(shape)} for kind, shape in RECORDS.items()
+    kind: {**wire_ranges(common_of(kind)), **wire_ranges(shape)} for kind, shape in RECORDS.items()
 }
+NOT_A_JOB_ID: Final = ("not a job id (letters, digits and _.+- up to 128 characters, "
+                       "the first a letter or a digit)")
 
 # The profile trace is a gzip blob in base64; it has its own, larger cap, and a cap on what
 # it inflates to, so that no trace is a gzip bomb. The agent leaves out a trace over either
@@ -266,7 +271,7 @@ def _check_field(value: Any, rule: _Rule, index: int, field: str) -> None:
 _FAST_TYPES: Final[dict[str, tuple[type, ...]]] = {
     "float": (float, int), "int": (int,), "str": (str,), "text": (str,), "bool": (bool,)
 }
-_CONTENTS: Final = {kind: {**wire_contents(Common), **wire_contents(shape)} for kind, shape in RECORDS.items()}
+_CONTENTS: Final = {kind: {**wire_contents(common_of(kind)), **wire_contents(shape)} for kind, shape in RECORDS.items()}
 
 
 def _fast_entry(kind: str, name: str, spec: str) -> tuple[str, bool, tuple[type, ...], float, float, _Rule]:
@@ -281,10 +286,10 @@ def _fast_entry(kind: str, name: str, spec: str) -> tuple[str, bool, tuple[type,
 
 
 _FIELD_SPECS: Final = {
-    kind: tuple(_fast_entry(kind, name, spec) for name, spec in (*_COMMON.items(), *fields.items()))
+    kind: tuple(_fast_entry(kind, name, spec) for name, spec in (*COMMON_FIELDS[kind].items(), *fields.items()))
     for kind, fields in FIELDS.items()
 }
-_ALLOWED: Final = {kind: frozenset(fields) | frozenset(_COMMON) for kind, fields in FIELDS.items()}
+_ALLOWED: Final = {kind: frozenset(fields) | frozenset(COMMON_FIELDS[kind]) for kind, fields in FIELDS.items()}
 
 
 def validate_record(record: Any, index: int, now: int | None = None) -> dict[str, Any]:
@@ -313,8 +318,9 @@ def validate_record(record: Any, index: int, now: int | None = None) -> dict[str
             elif value_type is bool or lo <= value <= hi:  # NaN compares false: the general path
                 continue
         _check_field(value, rule, index, name)
-    if not record["job"]:
-        raise WireError("empty job id", index, "job")
+    # The job id reaches file names, URLs and Slurm commands: only the forms jobsight takes.
+    if kind not in NODE_KINDS and not is_job_id(record["job"]):
+        raise WireError(NOT_A_JOB_ID, index, "job")
     now = now if now is not None else now_us()
     ts = record["ts"]
     if not MIN_TS_US <= ts <= now + FUTURE_SLACK_US:
@@ -371,7 +377,8 @@ def _kind_fits(kind: str, records: list[dict[str, Any]], now: int, columns: dict
     times: list[int] = list(map(dict.__getitem__, records, repeat("ts")))  # every "ts" is an int by now
     columns["ts"] = times
     first, last = min(times), max(times)
-    return (all(map(dict.__getitem__, records, repeat("job"))) and MIN_TS_US <= first
+    jobs = columns.get("job")  # absent for a node's kinds; a batch holds few distinct ids, each checked once
+    return ((jobs is None or all(map(is_job_id, set(jobs)))) and MIN_TS_US <= first
             and last <= now + FUTURE_SLACK_US and first >= now - MAX_RECORD_AGE_DAYS * _DAY_US)
 
 

@@ -150,6 +150,37 @@ def test_many_boundary_minutes_are_shared_by_time_and_stay_close(
     assert sum(e.steps for e in shared) == pytest.approx(sum(e.steps for e in exact), abs=2)
 
 
+def test_an_epochs_read_lists_at_most_the_set_number_and_still_adds_up(
+    client: Any, database_url: str, data_dir: Path, admin_token: str, job_id: str, ticks: list[list[GpuReading]]
+) -> None:
+    """A job sets its own epoch count: one read lists at most ``max_epochs_per_read`` (the latest) and
+    gives the earlier ones as one span with their count, so the spans still tile the run."""
+    from fastapi.testclient import TestClient
+
+    from jobsight.collector.app import create_app
+    from jobsight.collector.config.settings import load_collector_settings
+
+    every = _ended_job(client, job_id, ticks, {0, 1}, _t0())
+    assert every["epoch_count"] == 3 and every["epochs_left_out"] is None
+    settings = load_collector_settings(database_url=database_url, data_dir=data_dir, max_epochs_per_read=2)
+    with TestClient(create_app(settings)) as capped_client:
+        capped_client.headers["Authorization"] = f"Bearer {admin_token}"
+        capped = capped_client.get(f"/v1/jobs/{job_id}/epochs").json()
+    assert capped["epoch_count"] == 3 and [e["epoch"] for e in capped["epochs"]] == [1, 2]
+    for listed, full in zip(capped["epochs"], every["epochs"][1:], strict=True):
+        assert listed["energy_j"] == pytest.approx(full["energy_j"], rel=1e-9)
+        assert [listed[k] for k in ("epoch", "start", "end", "steps", "samples")] == [
+            full[k] for k in ("epoch", "start", "end", "steps", "samples")]
+    left_out, first = capped["epochs_left_out"], every["epochs"][0]
+    assert left_out["epochs"] == 1 and (left_out["start"], left_out["end"]) == (first["start"], first["end"])
+    assert left_out["energy_j"] == pytest.approx(first["energy_j"], rel=1e-9)
+    assert left_out["steps"] is None and left_out["samples"] is None  # not counted: a bounded read
+    assert capped["before_first_epoch"]["energy_j"] == pytest.approx(every["before_first_epoch"]["energy_j"], rel=1e-9)
+    spans = [capped["before_first_epoch"], left_out, *capped["epochs"], capped["after_last_step"]]
+    assert sum(span["energy_j"] for span in spans) == pytest.approx(capped["energy_j"], rel=1e-9)
+    assert capped["energy_j"] == pytest.approx(every["energy_j"], rel=1e-9)
+
+
 def test_job_without_epochs_or_gpus(client: Any, job_id: str) -> None:
     t0 = _t0()
     sc.send(client, [sc.started(job_id, t0, "erin", ["n1:0"])])

@@ -13,14 +13,14 @@ from typing import Any
 import psycopg
 import pytest
 
-from jobsight.collector.api.deps import Pool
+from jobsight.collector.api.deps import ReadPool
 from jobsight.protocol.wire import now_us
 from tests.collector.helpers import gz, post
 
 
 @pytest.fixture
 def app_with_probes(database_url: str, data_dir: Path, admin_token: str) -> Iterator[Any]:
-    """The real app plus routes that fail inside the real unit of work (``Pool`` is imported at
+    """The real app plus routes that fail inside the real unit of work (``ReadPool`` is imported at
     module level: FastAPI resolves these routes' string annotations there)."""
     from fastapi.testclient import TestClient
 
@@ -31,17 +31,17 @@ def app_with_probes(database_url: str, data_dir: Path, admin_token: str) -> Iter
     app = create_app(load_collector_settings(database_url=database_url, data_dir=data_dir))
 
     @app.get("/probe/out-of-range")
-    def out_of_range(pool: Pool) -> None:
+    def out_of_range(pool: ReadPool) -> None:
         with unit_of_work(pool) as conn:
             conn.execute("SELECT %s::int", (3_000_000_000,))
 
     @app.get("/probe/bad-time")
-    def bad_time(pool: Pool) -> None:
+    def bad_time(pool: ReadPool) -> None:
         with unit_of_work(pool) as conn:
             conn.execute("SELECT %s::timestamptz", ("the day after tomorrow",))
 
     @app.get("/probe/bug")
-    def bug(pool: Pool) -> None:
+    def bug(pool: ReadPool) -> None:
         with unit_of_work(pool) as conn:
             conn.execute("SELECT no_such_column FROM jobs")
 

@@ -114,11 +114,19 @@ def test_the_openapi_schema_describes_the_ingest_body(client: Any, job_id: str) 
     assert set(schema["required"]) == {"v", "source", "seq", "records"}
     kinds = {item["properties"]["kind"]["enum"][0] for item in schema["properties"]["records"]["items"]["oneOf"]}
     assert kinds == {"gpu_sample", "host_sample", "log", "metric", "step", "profile", "job_started", "job_ended",
-                     "dropped", "gpu_event"}
+                     "dropped", "gpu_event", "gpu_unallocated_use"}
     # Every kind, every optional field filled, as the agent sends them: valid against the schema.
     batch = json.loads(gzip.decompress(encode_batch("schema", next_seq(), one_of_each(job_id))))
     jsonschema.Draft202012Validator(schema).validate(batch)
     # And what the collector refuses for its shape, the schema refuses too.
     broken = {**batch, "records": [{**batch["records"][0], "colour": "red"}]}
     assert not jsonschema.Draft202012Validator(schema).is_valid(broken)
+    # A job id that is not one (an option for a Slurm command), the schema refuses as the collector does.
+    forged = {**batch, "records": [{**batch["records"][0], "job": "--user=alice"}]}
+    assert not jsonschema.Draft202012Validator(schema).is_valid(forged)
+    # A node's record names no job, and must name its node.
+    use = {"kind": "gpu_unallocated_use", "ts": now_us(), "node": "n1", "gpu_index": 3, "gpu_uuid": "GPU-3", "pid": 7}
+    jsonschema.Draft202012Validator(schema).validate({**batch, "records": [use]})
+    for wrong in ({**use, "job": job_id}, {k: v for k, v in use.items() if k != "node"}):
+        assert not jsonschema.Draft202012Validator(schema).is_valid({**batch, "records": [wrong]})
     assert post(client, gzip.compress(json.dumps(batch).encode())).status_code == 200

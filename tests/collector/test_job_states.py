@@ -119,6 +119,16 @@ def test_slurm_names_map_to_ours() -> None:
     assert job_states.more_specific("timeout", "failed") == "timeout"
 
 
+def test_silent_is_an_end_that_knows_nothing_of_how_the_run_ended() -> None:
+    """A run outside Slurm ended for its silence (collector/passes/local_runs.py): any word heard later
+    replaces it, and it replaces nothing but another word of silence. Listed wherever end states are."""
+    assert job_states.is_end_state("silent") and "silent" in job_states.END_STATES
+    assert job_states.from_slurm("silent") == "silent" and job_states.slurm_name("silent") == "SILENT"
+    assert [job_states.more_specific("silent", heard) for heard in ("completed", "failed", "lost")] == [
+        "completed", "failed", "lost"]
+    assert [job_states.more_specific(stored, "silent") for stored in ("completed", "lost")] == ["completed", "silent"]
+
+
 def test_the_audit_counts_gpu_hours_of_timeouts_and_cancelled_jobs(client: Any, database_url: str) -> None:
     # Users, accounts and partitions of its own: no other test's jobs in these rows.
     day = dt.datetime.combine(dt.datetime.now(dt.UTC).date() - dt.timedelta(days=3), dt.time(), dt.UTC)

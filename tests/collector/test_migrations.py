@@ -82,3 +82,15 @@ def test_ledger_rows_from_before_senders_match_any_sender_and_go_back_down(empty
     migrate.downgrade(empty_database_url, "0010")
     with psycopg.connect(empty_database_url, autocommit=True) as conn:
         assert conn.execute("SELECT source, seq FROM ingest_batches").fetchall() == [("n1:1", 7)]
+
+
+def test_unallocated_gpu_uses_come_with_0020_and_go_with_it(empty_database_url: str) -> None:
+    migrate.upgrade(empty_database_url, "0020")
+    assert "gpu_unallocated_uses" in _tables(empty_database_url)
+    with psycopg.connect(empty_database_url, autocommit=True) as conn:
+        conn.execute("INSERT INTO gpu_unallocated_uses (cluster, node, ts, gpu_index, gpu_uuid, pid) "
+                     "VALUES ('c', 'n1', now(), 3, 'GPU-3', 42)")
+    migrate.downgrade(empty_database_url, "0019")
+    assert "gpu_unallocated_uses" not in _tables(empty_database_url)
+    migrate.upgrade(empty_database_url)
+    assert migrate.autogenerate_diff(empty_database_url) == []

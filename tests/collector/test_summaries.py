@@ -86,7 +86,22 @@ def test_summary_of_known_samples(client: Any, job_id: str) -> None:
     assert "idle_gpu" in text and "low_utilization" in text and answer["dashboard_url"] in text
 
 
-def test_late_samples_update_the_summary(client: Any, job_id: str, db: Any) -> None:
+def _refresh_pass(database_url: str) -> int | None:
+    """One pass of the summary refresh timer, as the leading collector process runs it."""
+    from jobsight.collector.passes.summary_refresh import SummaryRefresher
+
+    refresher = SummaryRefresher(database_url, 60.0)
+    try:
+        return refresher.tick()
+    finally:
+        if refresher._conn is not None:
+            refresher._conn.close()
+
+
+def test_late_samples_mark_the_summary_and_the_pass_refreshes_it(client: Any, job_id: str, db: Any,
+                                                                   database_url: str) -> None:
+    """A late batch of an ended job does not recompute its summary in the group commit (the summary
+    row's ``computed_at`` stays, it only gets a mark); the refresh pass brings it up to date once."""
     t0 = now_us() - 600 * S
     records = [
         {"kind": "job_started", "job": job_id, "ts": t0, "node": "n1", "gpus": ["0"]},
@@ -94,12 +109,35 @@ def test_late_samples_update_the_summary(client: Any, job_id: str, db: Any) -> N
         {"kind": "job_ended", "job": job_id, "ts": t0 + 20 * S, "node": "n1", "exit_code": 3},
     ]
     assert post(client, gz(records)).status_code == 200
-    first = db.execute("SELECT mean_util, summary FROM job_summaries WHERE job_id = %s", (job_id,)).fetchone()
-    assert first[0] == pytest.approx(10.0)
-    # The node daemon's last batch arrives after the epilog's job_ended.
+    query = "SELECT mean_util, computed_at, summary FROM job_summaries WHERE job_id = %s"
+    first = db.execute(query, (job_id,)).fetchone()
+    assert first[0] == pytest.approx(10.0) and "refresh_due" not in first[2]  # computed at job_ended
+    # The node daemon's last batches arrive after the epilog's job_ended.
     assert post(client, gz([_gpu(job_id, t0 + 2 * S, 0, 90, 1)])).status_code == 200
-    second = db.execute("SELECT mean_util FROM job_summaries WHERE job_id = %s", (job_id,)).fetchone()
-    assert second[0] == pytest.approx(50.0)
+    assert post(client, gz([_gpu(job_id, t0 + 3 * S, 0, 90, 1)])).status_code == 200
+    marked = db.execute(query, (job_id,)).fetchone()
+    assert marked[0] == pytest.approx(10.0) and marked[1] == first[1]  # not recomputed by the batches
+    assert "refresh_due" in marked[2] and marked[2]["mean_util"] == pytest.approx(10.0)
+
+    assert (_refresh_pass(database_url) or 0) >= 1
+    refreshed = db.execute(query, (job_id,)).fetchone()
+    assert refreshed[0] == pytest.approx(190 / 3) and refreshed[1] > first[1]
+    assert "refresh_due" not in refreshed[2] and refreshed[2]["gpus"][0]["samples"] == 3
+    # Nothing came since: the next pass leaves this summary alone.
+    _refresh_pass(database_url)
+    assert db.execute(query, (job_id,)).fetchone()[1] == refreshed[1]
+
+
+def test_a_mark_made_while_the_summary_is_recomputed_is_kept(client: Any, job_id: str, db: Any) -> None:
+    """A job_ended stored again (another node's epilog) recomputes the summary but keeps a mark that
+    rows of a batch it may not have seen left, so the pass still looks again."""
+    t0 = now_us() - 600 * S
+    end = {"kind": "job_ended", "job": job_id, "ts": t0 + 20 * S, "node": "n1", "exit_code": 0}
+    assert post(client, gz([_gpu(job_id, t0 + S, 0, 10, 1), end])).status_code == 200
+    assert post(client, gz([_gpu(job_id, t0 + 2 * S, 0, 30, 1)])).status_code == 200
+    assert post(client, gz([{**end, "node": "n2"}])).status_code == 200
+    summary = db.execute("SELECT summary FROM job_summaries WHERE job_id = %s", (job_id,)).fetchone()[0]
+    assert summary["mean_util"] == pytest.approx(20.0) and "refresh_due" in summary
 
 
 def test_job_without_samples_has_an_empty_summary(client: Any, job_id: str) -> None:

@@ -34,6 +34,7 @@ from jobsight.protocol.records import (
     Int32,
     Int64,
     Json,
+    NodeCommon,
     Percent,
     Range,
     WireSpec,
@@ -66,6 +67,8 @@ STORAGE: dict[str, Storage] = {
     "metric": Storage("metrics"),
     "step": Storage("steps"),
     "gpu_event": Storage("gpu_events"),
+    # collector/ingest/unallocated_uses.py: one INSERT per batch; a node's record, no job.
+    "gpu_unallocated_use": Storage("gpu_unallocated_uses", renamed={}),
     "dropped": Storage(
         "log_events",
         not_stored={
@@ -99,6 +102,7 @@ NOT_FROM_RECORDS: dict[str, dict[str, str]] = {
     "metrics": {"cluster": ENVELOPE},
     "steps": {"cluster": ENVELOPE},
     "gpu_events": {"cluster": ENVELOPE},
+    "gpu_unallocated_uses": {"cluster": ENVELOPE, "received_at": "the collector's clock when it stored the row"},
     "profiles": {"cluster": ENVELOPE, "id": "an identity the database assigns"},
     "jobs": {
         "cluster": ENVELOPE,
@@ -160,7 +164,7 @@ Tables = Mapping[str, Mapping[str, Column[Any]]]
 
 def wire_records() -> dict[str, dict[str, str]]:
     """Every kind's fields as the validator sees them: the common fields, then the kind's own."""
-    return {kind: {**specs.wire_fields(Common), **fields} for kind, fields in wire.FIELDS.items()}
+    return {kind: {**wire.COMMON_FIELDS[kind], **fields} for kind, fields in wire.FIELDS.items()}
 
 
 def column_range(column: Column[Any]) -> Range | None:
@@ -327,9 +331,10 @@ def test_series_kinds_go_where_ingest_sends_them() -> None:
 def test_derived_fields() -> None:
     assert wire.KINDS == tuple(RECORDS) == (
         "gpu_sample", "host_sample", "log", "metric", "step", "profile", "job_started", "job_ended", "dropped",
-        "gpu_event",
+        "gpu_event", "gpu_unallocated_use",
     )
     assert specs.wire_fields(Common) == {"kind": "str", "job": "str", "ts": "int", "node": "str?"}
+    assert wire.COMMON_FIELDS["gpu_unallocated_use"] == {"kind": "str", "ts": "int", "node": "str"}
     gpu = wire.FIELDS["gpu_sample"]
     assert list(gpu)[:4] == ["gpu_index", "gpu_uuid", "gpu_name", "mig_uuid"]
     assert (gpu["gpu_index"], gpu["gpu_uuid"], gpu["util_gpu"], gpu["mem_used"], gpu["lost"]) == (
@@ -404,7 +409,7 @@ def test_range_of(hint: Any, bounds: Range | None) -> None:
     assert specs.range_of(hint) == bounds
 
 
-@pytest.mark.parametrize("shape", [Common, *RECORDS.values()])
+@pytest.mark.parametrize("shape", [Common, NodeCommon, *RECORDS.values()])
 def test_optional_fields_and_only_they_have_defaults(shape: type[Any]) -> None:
     field_specs = specs.wire_fields(shape)
     for f in dataclasses.fields(shape):

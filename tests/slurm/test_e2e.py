@@ -224,7 +224,9 @@ def cluster(database_url: str, data_dir: Path, admin_token: str) -> Iterator[Clu
               "JOBSIGHT_SPOOL_DIR": str(E2E_DIR / "spool"), "JOBSIGHT_NODE": host}
     _setup_cluster({**shared, "JOBSIGHT_HOOK_LOG": str(E2E_DIR / "hooks.log")})
 
-    collector = LiveCollector(database_url, data_dir, admin_token, E2E_DIR / "collector.log")
+    # Late samples of an ended job reach its summary through the refresh pass: every 2 s here, not 60.
+    collector = LiveCollector(database_url, data_dir, admin_token, E2E_DIR / "collector.log",
+                              env={"JOBSIGHT_SUMMARY_REFRESH_INTERVAL_S": "2"})
     collector.port, collector.url = port, url
     state = Cluster(collector, secret, host, database_url, admin_token)
     daemon: subprocess.Popen[bytes] | None = None

@@ -7,7 +7,7 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Query
 
 from jobsight.collector.api.auth import AuthError
-from jobsight.collector.api.deps import CurrentPrincipal, Pool
+from jobsight.collector.api.deps import CurrentPrincipal, ReadPool
 from jobsight.collector.api.job_access import Cluster, ReadableJob
 from jobsight.collector.api.params import OffsetQuery
 from jobsight.collector.query import actions as action_queries
@@ -18,7 +18,7 @@ router = APIRouter(tags=["actions"])
 
 
 @router.get("/v1/jobs/{job_id}/actions")
-def get_job_actions(job: ReadableJob, pool: Pool) -> dict[str, Any]:
+def get_job_actions(job: ReadableJob, pool: ReadPool) -> dict[str, Any]:
     """The steps policies took for the job (warnings, the action, an exemption), oldest first."""
     with unit_of_work(pool) as conn:
         rows = action_queries.job_actions(conn, job.cluster, job.job_id)
@@ -27,7 +27,7 @@ def get_job_actions(job: ReadableJob, pool: Pool) -> dict[str, Any]:
 
 @router.get("/v1/actions")
 def list_actions(
-    pool: Pool,
+    pool: ReadPool,
     principal: CurrentPrincipal,
     cluster: Cluster = None,
     user: Annotated[str | None, Query(max_length=256)] = None,

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastapi import APIRouter
+import orjson
+from fastapi import APIRouter, Response
 
-from jobsight.collector.api.deps import Pool, Settings
+from jobsight.collector.api.deps import HeavyReadTurn, ReadPool, Settings
 from jobsight.collector.api.job_access import ReadableJob
 from jobsight.collector.jobs import summaries
 from jobsight.collector.query import epoch_energy
@@ -17,20 +18,26 @@ from jobsight.collector.store.db import unit_of_work
 router = APIRouter(prefix="/v1/jobs", tags=["read"])
 
 
-@router.get("/{job_id}/epochs")
-def get_epochs(job: ReadableJob, pool: Pool) -> dict[str, Any]:
+@router.get("/{job_id}/epochs", response_class=Response)
+def get_epochs(job: ReadableJob, pool: ReadPool, settings: Settings, _turn: HeavyReadTurn) -> Response:
     """Per training epoch: start, end, duration, steps, samples and samples/s, energy in J and
     kWh, J per sample, mean power, and how the energy was found (``method``: ``counter``, or
     ``power integral`` for GPUs without an energy counter, or both). The energy before the first
     epoch and after the last step is given too: with the epochs it adds up to the job's energy
     (``energy_j``). For a running job that is its energy so far, and the last epoch's figures,
-    the time after it and the total are still growing (``growing``)."""
+    the time after it and the total are still growing (``growing``). At most ``max_epochs_per_read``
+    epochs are listed, the latest: ``epochs_left_out`` is the earlier ones as one span, with how many
+    (``None``: none left out), and ``epoch_count`` all of them."""
     with unit_of_work(pool) as conn:
-        return epoch_energy.job_epochs(conn, job.cluster, job.job_id, running=job.row["state"] == "running")
+        answer = epoch_energy.job_epochs(conn, job.cluster, job.job_id, running=job.row["state"] == "running",
+                                         max_epochs=settings.max_epochs_per_read)
+    # orjson, not FastAPI's encoder: a thousand epochs took the encoder longer than reading them, and a
+    # read's CPU is taken from the event loop that answers ingest.
+    return Response(orjson.dumps(answer), media_type="application/json")
 
 
 @router.get("/{job_id}/energy")
-def get_energy(job: ReadableJob, pool: Pool, settings: Settings) -> dict[str, Any]:
+def get_energy(job: ReadableJob, pool: ReadPool, settings: Settings) -> dict[str, Any]:
     """The job's energy in kWh: its GPUs' (``gpu_kwh``, as in its summary), its share of its nodes'
     power beside the GPUs (``node_kwh``, with ``node``: the sources, the split and how many of its
     host samples carried a figure) and both (``total_kwh``); ``emissions``: kg CO2e with the PUE, the

@@ -7,7 +7,7 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Query
 
 from jobsight.collector.api.auth import AuthError
-from jobsight.collector.api.deps import CurrentPrincipal, Pool
+from jobsight.collector.api.deps import CurrentPrincipal, ReadPool
 from jobsight.collector.api.job_access import Cluster, ReadableJob
 from jobsight.collector.api.params import OffsetQuery
 from jobsight.collector.query import findings as finding_queries
@@ -18,7 +18,7 @@ router = APIRouter(tags=["health"])
 
 
 @router.get("/v1/jobs/{job_id}/findings")
-def get_job_findings(job: ReadableJob, pool: Pool) -> dict[str, Any]:
+def get_job_findings(job: ReadableJob, pool: ReadPool) -> dict[str, Any]:
     """The job's findings: open ones first, most severe first; then resolved ones, newest first."""
     with unit_of_work(pool) as conn:
         rows = finding_queries.job_findings(conn, job.cluster, job.job_id)
@@ -27,7 +27,7 @@ def get_job_findings(job: ReadableJob, pool: Pool) -> dict[str, Any]:
 
 @router.get("/v1/findings")
 def list_findings(
-    pool: Pool,
+    pool: ReadPool,
     principal: CurrentPrincipal,
     state: Annotated[Literal["open", "resolved", "all"], Query(description="open (default), resolved or all")] = "open",
     cluster: Cluster = None,

@@ -9,7 +9,7 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from jobsight.collector.api.deps import Metrics, Pool
+from jobsight.collector.api.deps import IngestPool, Metrics
 from jobsight.collector.store.db import DatabaseUnavailable, unit_of_work
 from jobsight.collector.store.migrate import head_revision, schema_revision
 
@@ -29,7 +29,7 @@ def _current_revision(pool: Any) -> str | None:
 
 
 @router.get("/readyz")
-async def readyz(pool: Pool) -> JSONResponse:
+async def readyz(pool: IngestPool) -> JSONResponse:
     """Ready when the database answers and its schema is at this collector's head."""
     try:
         current = await run_in_threadpool(_current_revision, pool)

@@ -26,7 +26,7 @@ from psycopg_pool import ConnectionPool
 from starlette.requests import ClientDisconnect
 from starlette.types import Message, Receive, Scope, Send
 
-from jobsight.collector.api.auth import Authenticator, Principal, batch_jobs_to_check, sender_of
+from jobsight.collector.api.auth import Authenticator, Principal, Refusal, batch_jobs_to_check, sender_of
 from jobsight.collector.api.errors import INGEST_PATH, count_reject, error_answer
 from jobsight.collector.api.telemetry import CollectorMetrics
 from jobsight.collector.config.settings import CollectorSettings
@@ -35,6 +35,7 @@ from jobsight.collector.ingest import write as ingest
 from jobsight.collector.ingest.body import ClaimBounds, decode_body, read_body
 from jobsight.collector.ingest.group_commit import GroupCommitter
 from jobsight.collector.ingest.openapi_body import INGEST_OPENAPI
+from jobsight.collector.ingest.rows import prepare_without
 from jobsight.collector.jobs.allocations import Allocation, AllocationCache, job_allocations
 from jobsight.collector.jobs.jobs_seen import JobsSeen
 from jobsight.collector.store.db import Connection, autocommit_connection, unit_of_work
@@ -153,7 +154,10 @@ async def ingest_batch(
         allocations = ctx.allocations.cached(batch.cluster, to_check) if to_check else None
         if to_check and allocations is None:
             allocations = await run_in_threadpool(_job_allocations, ctx, batch.cluster, to_check)
-        ctx.auth.authorize_batch(ctx.principal, batch, allocations)
+        refused = ctx.auth.authorize_batch(ctx.principal, batch, allocations)
+        if refused:  # a node's records it may not write: dropped, the rest prepared again and stored
+            batch, prepared = await asyncio.get_running_loop().run_in_executor(
+                ctx.decoders, prepare_without, batch, {r.index for r in refused})
         if _self_reported(ctx.principal, batch, allocations):
             batch, prepared = self_reported.as_self_reported(batch)
         prepared.sender = sender_of(ctx.principal)
@@ -170,17 +174,30 @@ async def ingest_batch(
     metrics.latency.observe(time.perf_counter() - started)
     if not stored:
         metrics.batches.labels("duplicate").inc()
-        return {"status": "duplicate", "source": batch.source, "seq": batch.seq, "records": 0}
+        return _answer_of("duplicate", batch, 0, refused)
     metrics.batches.labels("stored").inc()
     for kind, count in prepared.counts.items():
         metrics.records.labels(kind).inc(count)
-    return {"status": "stored", "source": batch.source, "seq": batch.seq, "records": len(batch.records)}
+    if refused:
+        metrics.note_refused(prepared.sender, [(r.kind, r.code, r.reason) for r in refused])
+    return _answer_of("stored", batch, len(batch.records), refused)
+
+
+def _answer_of(status: str, batch: Batch, records: int, refused: list[Refusal]) -> dict[str, Any]:
+    """The answer's JSON: with ``refused`` (each dropped record's index in the batch as sent, and
+    why) only when a node token's batch had records it may not write."""
+    answer: dict[str, Any] = {"status": status, "source": batch.source, "seq": batch.seq, "records": records}
+    if refused:
+        answer["refused"] = [r.as_json() for r in refused]
+    return answer
 
 
 @router.post(INGEST_PATH, tags=["ingest"], openapi_extra=INGEST_OPENAPI)
 async def post_ingest(request: Request, ctx: Ingest) -> dict[str, Any]:
     """Store a batch. A replay of an already stored ``(source, seq)`` answers 200 with
-    ``status: duplicate`` and stores nothing."""
+    ``status: duplicate`` and stores nothing. A node token's batch with records the node may not
+    write (another node's, a job registered elsewhere) stores the rest and answers 200 with
+    ``refused``: each dropped record's ``index`` and ``reason``."""
     headers = request.headers
     return await ingest_batch(ctx, request.stream(), headers.get("content-length"), headers.get("content-encoding"))
 

@@ -6,7 +6,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Query
 
-from jobsight.collector.api.deps import Auth, CurrentPrincipal, Pool
+from jobsight.collector.api.deps import Auth, CurrentPrincipal, ReadPool
 from jobsight.collector.api.job_access import Cluster, ReadableJob
 from jobsight.collector.api.params import IsoTime, OffsetQuery, PidQuery, RankQuery, TidQuery
 from jobsight.collector.query import jobs as job_queries
@@ -24,7 +24,7 @@ Points = Annotated[int, Query(ge=1, le=queries.MAX_POINTS, description="most buc
 
 @router.get("")
 def list_jobs(
-    pool: Pool,
+    pool: ReadPool,
     principal: CurrentPrincipal,
     auth: Auth,
     cluster: Cluster = None,
@@ -54,7 +54,9 @@ def get_job(job: ReadableJob) -> dict[str, Any]:
 
 
 @router.get("/{job_id}/gpu")
-def get_gpu(job: ReadableJob, pool: Pool, start: Start = None, end: End = None, points: Points = 500) -> dict[str, Any]:
+def get_gpu(
+    job: ReadableJob, pool: ReadPool, start: Start = None, end: End = None, points: Points = 500
+) -> dict[str, Any]:
     """GPU samples downsampled in SQL: at most ``points`` buckets per GPU."""
     with unit_of_work(pool) as conn:
         rows = queries.gpu_series(conn, job.cluster, job.job_id, start=start, end=end, points=points)
@@ -63,7 +65,7 @@ def get_gpu(job: ReadableJob, pool: Pool, start: Start = None, end: End = None, 
 
 @router.get("/{job_id}/metrics")
 def get_metrics(
-    job: ReadableJob, pool: Pool, name: str | None = None, rank: RankQuery = None,
+    job: ReadableJob, pool: ReadPool, name: str | None = None, rank: RankQuery = None,
     start: Start = None, end: End = None, points: Points = 500,
 ) -> dict[str, Any]:
     with unit_of_work(pool) as conn:
@@ -75,7 +77,7 @@ def get_metrics(
 
 @router.get("/{job_id}/steps")
 def get_steps(
-    job: ReadableJob, pool: Pool, start: Start = None, end: End = None, points: Points = 500
+    job: ReadableJob, pool: ReadPool, start: Start = None, end: End = None, points: Points = 500
 ) -> dict[str, Any]:
     with unit_of_work(pool) as conn:
         rows = queries.step_series(conn, job.cluster, job.job_id, start=start, end=end, points=points)
@@ -85,7 +87,7 @@ def get_steps(
 @router.get("/{job_id}/logs")
 def get_logs(
     job: ReadableJob,
-    pool: Pool,
+    pool: ReadPool,
     rank: RankQuery = None,
     pid: PidQuery = None,
     tid: TidQuery = None,

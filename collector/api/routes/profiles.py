@@ -16,7 +16,7 @@ from fastapi import APIRouter, HTTPException, Query, Request, Response
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, Field
 
-from jobsight.collector.api.deps import Auth, CurrentPrincipal, Pool, Settings
+from jobsight.collector.api.deps import Auth, CurrentPrincipal, ReadPool, Settings
 from jobsight.collector.api.errors import NotFound
 from jobsight.collector.api.job_access import AuthorizedJob, ReadableJob, ResolvedCluster, check_token_owner
 from jobsight.collector.api.params import INT4_MAX, CleanStr, ProfileRowId, RequestId
@@ -60,7 +60,7 @@ def _check_ranks(ranks: list[int] | None, max_ranks: int) -> None:
 
 @router.post("/v1/jobs/{job_id}/profile-requests", status_code=201)
 def create_profile_request(
-    body: ProfileRequestIn, job: ReadableJob, pool: Pool, principal: CurrentPrincipal, settings: Settings
+    body: ProfileRequestIn, job: ReadableJob, pool: ReadPool, principal: CurrentPrincipal, settings: Settings
 ) -> dict[str, Any]:
     """Ask the job to profile its next ``steps`` steps on ``ranks``; agents pick it up within seconds."""
     requested_by = f"job:{principal.job}" if principal.job else principal.kind
@@ -77,7 +77,7 @@ def create_profile_request(
 
 @router.get("/v1/jobs/{job_id}/profile-requests")
 def list_profile_requests(
-    job: ReadableJob, pool: Pool, limit: Annotated[int, Query(ge=1, le=200)] = 20
+    job: ReadableJob, pool: ReadPool, limit: Annotated[int, Query(ge=1, le=200)] = 20
 ) -> dict[str, Any]:
     with unit_of_work(pool) as conn:
         # Fail the requests no agent took before listing, so the list says why they never ran.
@@ -88,7 +88,7 @@ def list_profile_requests(
 
 @router.get("/v1/directives")
 def get_directives(
-    request: Request, pool: Pool, principal: CurrentPrincipal, auth: Auth, cluster: ResolvedCluster,
+    request: Request, pool: ReadPool, principal: CurrentPrincipal, auth: Auth, cluster: ResolvedCluster,
     job: Annotated[str, Query(max_length=256)], rank: Annotated[int | None, Query(ge=0, le=INT4_MAX)] = None,
 ) -> dict[str, Any]:
     """What an agent should do now: open profile requests addressed to ``rank`` (one indexed query)."""
@@ -103,7 +103,7 @@ def get_directives(
 
 @router.post("/v1/profile-requests/{request_id}/state")
 def set_request_state(
-    request: Request, request_id: RequestId, body: StateIn, pool: Pool, principal: CurrentPrincipal, auth: Auth
+    request: Request, request_id: RequestId, body: StateIn, pool: ReadPool, principal: CurrentPrincipal, auth: Auth
 ) -> dict[str, Any]:
     """An agent's report: ``running`` when its window starts, ``failed`` with a reason.
     Moving backwards is refused (409); repeating the current state is a no-op."""
@@ -124,7 +124,7 @@ def set_request_state(
 
 @router.get("/v1/jobs/{job_id}/profiles")
 def list_profiles(
-    job: ReadableJob, pool: Pool, limit: Annotated[int, Query(ge=1, le=1000)] = 50
+    job: ReadableJob, pool: ReadPool, limit: Annotated[int, Query(ge=1, le=1000)] = 50
 ) -> dict[str, Any]:
     """The job's profiles, newest first, with summary and diagnosis; ``trace_url`` when a trace was kept."""
     with unit_of_work(pool) as conn:
@@ -136,7 +136,7 @@ def list_profiles(
 
 @router.get("/v1/jobs/{job_id}/profiles/{profile_row_id}/trace")
 def download_trace(
-    profile_row_id: ProfileRowId, job: AuthorizedJob, pool: Pool,
+    profile_row_id: ProfileRowId, job: AuthorizedJob, pool: ReadPool,
     format: Annotated[Literal["gz", "json"], Query(description="gz: .pt.trace.json.gz as stored; json: plain")] = "gz",
 ) -> Response:
     """The Chrome/Kineto trace, as a file Perfetto, TensorBoard (profile plugin) and
@@ -162,7 +162,7 @@ def download_trace(
 
 
 @router.get("/v1/jobs/{job_id}/diagnosis")
-def job_diagnosis(job: ReadableJob, pool: Pool) -> dict[str, Any]:
+def job_diagnosis(job: ReadableJob, pool: ReadPool) -> dict[str, Any]:
     """Hints over the whole job: its recent steps on every rank (input-bound, straggler), its GPU
     samples (idle GPU, memory), the latest profile of each rank compared across ranks (straggler or
     communication-bound) and the hints stored with those profiles."""

@@ -6,7 +6,7 @@ from typing import Any
 
 from fastapi import APIRouter
 
-from jobsight.collector.api.deps import Pool, Settings
+from jobsight.collector.api.deps import ReadPool, Settings
 from jobsight.collector.api.job_access import AuthorizedJob, job_not_found
 from jobsight.collector.jobs import summaries
 from jobsight.collector.query.job_energy import carbon_of, job_energy
@@ -17,7 +17,7 @@ router = APIRouter(prefix="/v1/jobs", tags=["read"])
 
 
 @router.get("/{job_id}/summary")
-def get_summary(job: AuthorizedJob, pool: Pool, settings: Settings) -> dict[str, Any]:
+def get_summary(job: AuthorizedJob, pool: ReadPool, settings: Settings) -> dict[str, Any]:
     """The stored summary of an ended job (``final: true``), or one computed now from the
     rows so far for a job still running (``final: false``, not stored), with the link to
     the job's dashboard page (``dashboard_url``) and the dashboard's public URL

@@ -2,7 +2,8 @@
 
 Processes are traced through fixture ``/proc`` trees under tmp (like prometheus
 client's ``tests/proc``) and through the real ``/proc`` with real child processes;
-GPU readings come from the real pynvml over the fake libnvidia-ml.so.1.
+GPU readings come from the real pynvml over the fake libnvidia-ml.so.1. A process's
+environment names no job: only registrations and the kernel's cgroups do.
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from jobsight.agent.node.attribution import Attributor, job_from_cgroup, job_from_environ, job_of_pid, pids_by_job
+from jobsight.agent.node import attribution
+from jobsight.agent.node.attribution import Attributor, job_from_cgroup, pids_by_job, uid_of_pid
 from jobsight.agent.node.gpu_reading import GpuReading
 from jobsight.agent.node.nvml import NvmlSampler
 from jobsight.agent.node.registrations import (
@@ -55,26 +57,19 @@ def proc_root(tmp_path: Path) -> Path:
     make_proc(root, 103, environ={"SLURM_JOB_ID": "999"}, cgroup=V2_CGROUP)  # the kernel's word wins
     make_proc(root, 104, environ={"PATH": "/bin"}, cgroup="0::/init.scope\n")
     make_proc(root, 105)  # nothing readable (another user's process, without root)
+    make_proc(root, 106, environ={"SLURM_JOB_ID": "4242"}, cgroup="0::/system.slice/slurmstepd.scope/job_999/step_0\n")
     (root / "self").mkdir()
     return root
 
 
-def test_job_of_pid_reads_cgroup_then_environ(proc_root: Path) -> None:
+def test_a_process_is_traced_through_its_cgroup_never_its_environment(proc_root: Path) -> None:
     root = str(proc_root)
-    assert job_from_environ(100, root) == "7"
-    assert job_from_cgroup(100, root) is None
-    assert job_from_cgroup(101, root) == "4242"
-    assert job_from_cgroup(102, root) == "777"
-    assert [job_of_pid(pid, root) for pid in (100, 101, 102, 103, 104, 105, 106)] == [
-        "7",
-        "4242",
-        "777",
-        "777",
-        None,
-        None,
-        None,
+    assert [job_from_cgroup(pid, root) for pid in (100, 101, 102, 103, 104, 105, 106, 107)] == [
+        None, "4242", "777", "777", None, None, "999", None,
     ]
-    assert pids_by_job(root) == {"7": [100], "4242": [101], "777": [102, 103]}
+    # Process 100 says SLURM_JOB_ID=7 and is in no job's cgroup: it is in no job.
+    assert pids_by_job(root) == {"4242": [101], "777": [102, 103], "999": [106]}
+    assert not hasattr(attribution, "job_from_environ") and not hasattr(attribution, "job_of_pid")
 
 
 def wait_for_exec(pid: int, argv: list[str], timeout: float = 5.0) -> None:
@@ -97,17 +92,19 @@ def wait_for_exec(pid: int, argv: list[str], timeout: float = 5.0) -> None:
         time.sleep(0.005)
 
 
-def test_real_process_is_traced_through_real_proc() -> None:
+def test_a_real_process_is_not_in_the_job_its_environment_claims() -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
     child = subprocess.Popen(["sleep", "30"], env={**env, "SLURM_JOB_ID": "31337"})
     try:
         wait_for_exec(child.pid, ["sleep", "30"])
-        assert job_of_pid(child.pid) == "31337"
-        assert child.pid in pids_by_job().get("31337", [])
+        # The child sits in this test's cgroup, whatever its environment says.
+        assert job_from_cgroup(child.pid) == job_from_cgroup(os.getpid()) != "31337"
+        assert child.pid not in pids_by_job().get("31337", [])
+        assert uid_of_pid(child.pid) == os.getuid()
     finally:
         child.kill()
         child.wait()
-    assert job_of_pid(os.getpid()) in (None, os.environ.get("SLURM_JOB_ID"))
+    assert uid_of_pid(child.pid) is None  # gone
 
 
 def reading(index: int, *pids: int) -> GpuReading:
@@ -125,21 +122,35 @@ def test_attribution_rules(proc_root: Path, caplog: pytest.LogCaptureFixture) ->
         reading(0, 101),  # registered, and its process agrees
         reading(1, 102),  # shared by two registrations: the one running there
         reading(2),  # registered, idle
-        reading(3, 100),  # unregistered, a process of job 7
-        reading(4),  # unregistered, idle: no job
-        reading(5, 104, 105),  # unregistered, processes of no job
-        reading(6, 101, 102),  # unregistered, processes of two jobs: each sees it
+        reading(3, 100),  # given to no job; its process says SLURM_JOB_ID=7 (registered here) but is in no job
+        reading(4),  # given to no job, idle: no job
+        reading(5, 104, 105),  # given to no job, processes of no job
+        reading(6, 101, 102),  # given to no job, processes in the cgroups of two jobs registered here: each sees it
+        reading(7, 106),  # given to no job, a process of job 999, which is not registered here
     ]
     with caplog.at_level(logging.INFO, logger="jobsight.agent.attribution"):
         result = attributor.attribute(readings, regs)
-        assert [jobs for _, jobs in result] == [["4242"], ["777"], ["777"], ["7"], [], [], ["4242", "777"]]
+        assert [jobs for _, jobs, _ in result] == [["4242"], ["777"], ["777"], [], [], [], ["4242", "777"], []]
+        assert [outside for _, _, outside in result] == [[], [], [], [(100, 0)], [], [(104, 0), (105, 0)], [],
+                                                         [(106, 0)]]
         # Registered to one job but running another's process: the allocation decides, once logged.
         for _ in range(2):
-            assert attributor.attribute([reading(2, 100)], regs)[0][1] == ["777"]
-    mismatches = [r for r in caplog.records if "runs processes of job(s) 7" in r.getMessage()]
+            assert attributor.attribute([reading(2, 101)], regs)[0].jobs == ["777"]
+    mismatches = [r for r in caplog.records if "runs processes of job(s) 4242" in r.getMessage()]
     assert len(mismatches) == 1 and mismatches[0].levelno == logging.WARNING
+    # A process's environment is never a job, not even to log: the claimed job 7 appears nowhere.
+    assert not any("job(s) 7" in r.getMessage() for r in caplog.records)
     # Shared and idle: both registrations see it.
-    assert attributor.attribute([reading(1)], regs)[0][1] == ["4242", "777"]
+    assert attributor.attribute([reading(1)], regs)[0].jobs == ["4242", "777"]
+
+
+def test_an_array_tasks_cgroup_names_its_registration(tmp_path: Path) -> None:
+    """The cgroup names Slurm's own number of an array task; the registration, ``<array job>_<task>``."""
+    root = tmp_path / "proc"
+    make_proc(root, 300, cgroup="0::/system.slice/slurmstepd.scope/job_1241/step_0/user/task_0\n")
+    task = Registration(cluster="default", job_id="1234_7", node="n1", started_us=1, gpus=(0,), slurm_job_id=1241)
+    result = Attributor(str(root)).attribute([reading(1, 300)], [task])
+    assert (result[0].jobs, result[0].outside) == (["1234_7"], [])
 
 
 @pytest.fixture
@@ -165,8 +176,10 @@ def test_nvml_process_list_to_job_through_real_proc(
     monkeypatch.setenv("FAKE_NVML_SCENARIO", str(tmp_path / "scenario.json"))
     with NvmlSampler(str(fake_library)) as sampler:
         readings = sampler.sample()
-    result = Attributor().attribute(readings, [reg("1", 0, 1)])
-    assert [(r.gpu_index, jobs) for r, jobs in result] == [(0, ["1"]), (1, ["1"]), (2, []), (3, ["5150"])]
+    result = Attributor().attribute(readings, [reg("1", 0, 1), reg("5150", 2)])
+    # GPU 3 was given to no job; its process claims job 5150 (registered here) in its environment only.
+    assert [(r.gpu_index, jobs, outside) for r, jobs, outside in result] == [
+        (0, ["1"], []), (1, ["1"], []), (2, ["5150"], []), (3, [], [(job_child.pid, 1 << 30)])]
 
 
 # -- registration files -------------------------------------------------------------

@@ -1,9 +1,10 @@
 """``jobsight agent`` as a real process over the fake libnvidia-ml.so.1, shipping to a real
 collector; and the in-process sampler of a training process.
 
-Job processes are real children started with ``SLURM_JOB_ID`` in their environment;
-the scenario file is written at test time with their pids, so the daemon traces
-them through the real ``/proc``.
+Job processes are real children started with ``SLURM_JOB_ID`` in their environment,
+which names no job (only registrations and Slurm's cgroups do); the scenario file is
+written at test time with their pids (``gpus[i].processes[].pid``), so the daemon
+looks them up through the real ``/proc``.
 """
 
 from __future__ import annotations
@@ -151,32 +152,104 @@ def test_two_registered_jobs_on_disjoint_gpus_then_sigterm(
     counts = [sum(1 for r in rows if r[1] == i) for i in range(4)]
     assert len(set(counts)) == 1, counts
 
-    host = db.execute(
-        "SELECT job_id, cpu_time_s, mem_used, mem_limit FROM host_samples WHERE node = %s", (node,)
-    ).fetchall()
-    assert {h[0] for h in host} == {job_a, job_b}
-    for _, cpu_time_s, mem_used, _ in host:
-        assert cpu_time_s is not None and cpu_time_s >= 0
-        assert mem_used is not None and mem_used > 0  # the job's `sleep` process
+    # The jobs' processes are the test's children: SLURM_JOB_ID is in their environment only, and no
+    # Slurm cgroup holds them, so no host sample claims them (the host samples' own tests: test_host.py).
+    host = db.execute("SELECT job_id FROM host_samples WHERE node = %s", (node,)).fetchall()
+    assert host == []
 
 
-def test_unregistered_gpu_is_attributed_through_proc(
-    live_collector: Any, db: psycopg.Connection[Any], fake_library: Path, tmp_path: Path, job_process: Spawn
+@pytest.fixture
+def secret_collector(database_url: str, data_dir: Path, admin_token: str, tmp_path: Path,
+                     monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Any, Path]]:
+    """A real collector with a cluster secret (so node tokens count), and the secret's file."""
+    from tests.conftest import LiveCollector
+
+    secret = tmp_path / "cluster_secret"
+    secret.write_text("s3cret-for-this-test\n")
+    secret.chmod(0o600)
+    monkeypatch.setenv("JOBSIGHT_SECRET_FILE", str(secret))
+    collector = LiveCollector(database_url, data_dir, admin_token, tmp_path / "collector.log")
+    collector.start()
+    yield collector, secret
+    collector.kill()
+
+
+def unallocated_rows(db: psycopg.Connection[Any], node: str) -> list[tuple[Any, ...]]:
+    return db.execute("SELECT gpu_index, gpu_uuid, pid, uid, mem_used FROM gpu_unallocated_uses WHERE node = %s"
+                      " ORDER BY gpu_index, pid", (node,)).fetchall()
+
+
+def test_a_process_claiming_a_job_on_a_gpu_no_job_was_given_is_reported_never_shipped_as_that_job(
+    secret_collector: tuple[Any, Path], db: psycopg.Connection[Any], fake_library: Path, tmp_path: Path,
+    job_process: Spawn,
 ) -> None:
+    """Outside any job, one process names the registered victim's job in ``SLURM_JOB_ID`` (GPU 3), another
+    ``--user=alice`` (GPU 2): neither GPU is shipped under any job, the victim's job sees only its own GPUs,
+    and both uses reach the collector, through the node's own token, as uses outside any job."""
+    collector, secret = secret_collector
     node = f"node-{tmp_path.name}"
-    job_a, job_c = f"{tmp_path.name}-a", f"{tmp_path.name}-c"
-    pid_c = job_process(job_c)
-    # GPU 2 runs nothing and no job holds it: it is not shipped.
-    scenario = write_scenario(tmp_path / "scenario.json", {3: [pid_c]})
-    register(tmp_path / "jobs", job_a, [0, 1], node)
-    env = daemon_env(tmp_path, live_collector, fake_library, scenario, node)
+    victim = f"{tmp_path.name}-victim"
+    pid_victim, pid_forger, pid_option = job_process(victim), job_process(victim), job_process("--user=alice")
+    scenario = write_scenario(tmp_path / "scenario.json", {0: [pid_victim], 3: [pid_forger], 2: [pid_option]})
+    register(tmp_path / "jobs", victim, [0, 1], node)
+    env = daemon_env(tmp_path, collector, fake_library, scenario, node)
+    del env["JOBSIGHT_TOKEN"]  # the daemon mints its node token from the cluster secret
+    env["JOBSIGHT_SECRET_FILE"] = str(secret)
     done = subprocess.run(agent_command("--once"), env=env, cwd=REPO, capture_output=True, timeout=30)
     assert done.returncode == 0, done.stderr.decode()
 
-    rows = gpu_rows(db, node)
-    assert sorted((r[0], r[1]) for r in rows) == [(job_a, 0), (job_a, 1), (job_c, 3)]
-    for row in rows:
-        expected_gpu(row[1], row)
+    assert sorted((r[0], r[1]) for r in gpu_rows(db, node)) == [(victim, 0), (victim, 1)]
+    assert db.execute("SELECT count(*) FROM jobs WHERE job_id IN ('--user=alice') OR nodes @> ARRAY[%s]"
+                      " AND job_id <> %s", (node, victim)).fetchone()[0] == 0
+    assert unallocated_rows(db, node) == [
+        (2, "GPU-20000000-aaaa-bbbb-cccc-000000000002", pid_option, os.getuid(), GiB),
+        (3, "GPU-30000000-aaaa-bbbb-cccc-000000000003", pid_forger, os.getuid(), GiB),
+    ]
+    assert "outside any job" in done.stderr.decode()
+
+
+def test_a_gpu_used_outside_any_job_is_reported_once_a_minute_while_the_use_lasts(
+    live_collector: Any, db: psycopg.Connection[Any], fake_library: Path, tmp_path: Path, job_process: Spawn,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from jobsight.agent.node.daemon import NodeDaemon
+    from jobsight.agent.node.nvml import NvmlSampler
+
+    node = f"node-{tmp_path.name}"
+    pid = job_process("4242")
+    busy, idle = write_scenario(tmp_path / "busy.json", {1: [pid]}), write_scenario(tmp_path / "idle.json", {})
+    monkeypatch.setenv("FAKE_NVML_SCENARIO", str(busy))
+    settings = AgentSettings(url=live_collector.url, token=live_collector.token, node=node,
+                             spool_dir=str(tmp_path / "spool"), data_dir=str(tmp_path / "data"), batch_age_s=0.1,
+                             registration_dir=str(tmp_path / "jobs"), nvml_library=str(fake_library))
+    clock = [1000.0]
+    shipper = Shipper(settings)
+    daemon = NodeDaemon(settings, NvmlSampler(str(fake_library)), shipper, clock=lambda: clock[0])
+
+    def ticks(*at: float) -> list[int]:
+        queued = []
+        for seconds in at:
+            clock[0] = 1000.0 + seconds
+            queued.append(daemon.tick().unallocated_records)
+        return queued
+
+    def use(scenario: Path) -> None:  # NVML reads its scenario when it starts
+        daemon.sampler.close()
+        monkeypatch.setenv("FAKE_NVML_SCENARIO", str(scenario))
+        daemon.sampler = NvmlSampler(str(fake_library))
+
+    try:
+        assert ticks(0, 30, 59.5, 60, 61, 90) == [1, 0, 0, 1, 0, 0]
+        use(idle)
+        assert ticks(100) == [0]  # the use ended: forgotten
+        use(busy)
+        assert ticks(101, 102) == [1, 0]  # a new use is reported at once
+        assert shipper.flush(10)
+    finally:
+        daemon.sampler.close()
+        shipper.shutdown(2)
+    assert [r[:3] for r in unallocated_rows(db, node)] == [(1, "GPU-10000000-aaaa-bbbb-cccc-000000000001", pid)] * 3
+    assert db.execute("SELECT count(*) FROM gpu_samples WHERE node = %s", (node,)).fetchone()[0] == 0
 
 
 def test_daemon_ships_with_a_node_token_minted_from_the_cluster_secret(
