@@ -55,6 +55,7 @@ from jobsight.protocol.health import (
     RankSteps,
     evaluate,
 )
+from jobsight.protocol.run_events import END_EVENTS
 from jobsight.protocol.step_phases import PHASE_EVENT, PendingPhase, parse
 
 log = logging.getLogger("jobsight.collector.passes.findings")
@@ -70,8 +71,6 @@ KEPT_EVIDENCE: Final = (IDLE_SINCE,)
 (the actions pass counts the idle time of a cancel's reason from it)."""
 STRAGGLER_HUNG: Final = "It has since stopped stepping: see the hung finding."
 """Said by a straggler finding kept open while its rank is hung."""
-END_EVENTS: Final = ("fit_end", "run_end", "exception")
-"""Log events by which a training process says it is done (or failed): its rank is not hung."""
 
 JobKey = tuple[str, str]
 """cluster, job_id."""

@@ -25,8 +25,9 @@ from jobsight.collector.store.db import Connection
 from jobsight.collector.tiers import reads as tiers
 from jobsight.protocol import throttle
 from jobsight.protocol.hardware_cause import GpuCondition, Held, JobHardware, NodeCondition, Xid
+from jobsight.protocol.run_events import FIT_START
 
-START_EVENT: Final = "fit_start"
+START_EVENT: Final = FIT_START
 _DEVICE: Final = re.compile(r"cuda:(\d{1,4})")
 _COUNTERS: Final = ("nvlink_crc_errors", "nvlink_replay_errors", "nvlink_recovery_errors")
 

@@ -112,6 +112,8 @@ class PassReport:
     """``False``: another pass held the lock, this one did nothing."""
     days: list[DayReport] = field(default_factory=list)
     dropped: list[str] = field(default_factory=list)
+    unallocated_deleted: int = 0
+    """Rows of ``gpu_unallocated_uses`` past the packed tier's retention, deleted."""
 
 
 def _scalar(conn: Connection, query: str | sql.Composed, params: dict[str, Any] | None = None) -> Any:
@@ -168,6 +170,8 @@ def run_pass(
                 if day < late_limit and keeper.drop_if_empty(conn, table, day):
                     report.dropped.append(partition_name(table, day))
         report.dropped += keeper.drop_older_than(conn, packed_retention_days, today, tables=PACKED_RETENTION_TABLES)
+        kept_from = day_start(today - dt.timedelta(days=packed_retention_days))
+        report.unallocated_deleted = _forget_unallocated_uses(conn, kept_from)
     for day_report in report.days:
         freed = (f"{day_report.raw_bytes} raw bytes freed" if day_report.whole
                  else f"{day_report.raw_rows} raw rows deleted")
@@ -175,6 +179,16 @@ def run_pass(
                  day_report.day, f"{day_report.until:%H:%M}", day_report.jobs, day_report.samples,
                  day_report.sample_blocks, day_report.minutes, day_report.host_samples, freed)
     return report
+
+
+_FORGET_UNALLOCATED: Final = "DELETE FROM gpu_unallocated_uses WHERE ts < %(before)s"
+
+
+def _forget_unallocated_uses(conn: Connection, before: dt.datetime) -> int:
+    """Delete the GPU uses outside any job seen before ``before``: kept as long as the packed samples, the
+    admins' record of what ran where. Not partitioned (a few rows a GPU a minute at most, and only while
+    something runs outside Slurm), so a DELETE through the time index."""
+    return conn.execute(_FORGET_UNALLOCATED, {"before": before}).rowcount
 
 
 def spans_to_compact(

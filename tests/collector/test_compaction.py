@@ -575,3 +575,17 @@ def test_downgrade_puts_packed_rows_back(empty_database_url: str) -> None:
         assert conn.execute(hosts).fetchall() == host_rows
     migrate.upgrade(empty_database_url)
     assert migrate.autogenerate_diff(empty_database_url) == []
+
+
+def test_gpu_uses_outside_any_job_are_kept_as_long_as_the_packed_tier(tier_url: str) -> None:
+    """``gpu_unallocated_uses`` is not partitioned: the pass deletes its rows past the packed retention."""
+    now = dt.datetime.now(dt.UTC)
+    with psycopg.connect(tier_url, autocommit=True, row_factory=dict_row) as conn:
+        for days_ago, pid in ((31, 1), (29, 2), (0, 3)):
+            seen = now - dt.timedelta(days=days_ago)
+            conn.execute("INSERT INTO gpu_unallocated_uses (cluster, node, ts, gpu_index, gpu_uuid, pid) "
+                         "VALUES ('default', 'n-retained', %s, 0, 'GPU-x', %s)", (seen, pid))
+        report = _pass(conn, packed_retention_days=30, now=now)
+        kept = conn.execute("SELECT pid FROM gpu_unallocated_uses WHERE node = 'n-retained' ORDER BY pid").fetchall()
+    assert report.unallocated_deleted == 1
+    assert [row["pid"] for row in kept] == [2, 3]

@@ -15,9 +15,7 @@ import pytest
 
 from jobsight.collector.config.reconcile import load_reconcile_settings
 from jobsight.collector.config.settings import SettingsError
-from jobsight.collector.passes import findings
 from jobsight.collector.passes.reconcile import JobReconciler
-from jobsight.protocol import run_events
 from tests.collector.test_reconcile import NO_SLURM, S, conn, fresh_url, job_row, started, store
 
 __all__ = ["conn", "fresh_url"]  # fixtures
@@ -148,7 +146,3 @@ def test_the_settings_are_read_and_bad_values_named(monkeypatch: pytest.MonkeyPa
     with pytest.raises(SettingsError, match="JOBSIGHT_RECONCILE_SILENT_AFTER_S"):
         load_reconcile_settings()
 
-
-def test_the_hung_rule_and_the_end_rule_read_the_same_end_events() -> None:
-    """One vocabulary (jobsight/protocol/run_events.py): an end the hung rule accepts ends the run too."""
-    assert tuple(findings.END_EVENTS) == run_events.END_EVENTS
