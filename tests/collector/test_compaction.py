@@ -274,8 +274,10 @@ def test_same_answers_before_and_after_and_late_samples_merge(tier_client: Any, 
         assert_same(snapshot(conn, tier_client, packed), before)
 
         # The late samples arrive after the pass (an outage replayed): they land in the raw
-        # partitions, the job's summary is recomputed over both tiers, every answer counts them.
+        # partitions, the summary refresh pass recomputes the job's summary over both tiers, every
+        # answer counts them.
         _post_all(tier_client, late)
+        assert summaries.refresh_marked(conn, 100) == 1
         for kind, table in (("gpu_sample", "gpu_samples"), ("host_sample", "host_samples")):
             assert _rows(conn, table, days[0]) == sum(1 for r in late if r["kind"] == kind and r["ts"] < _us(MIDNIGHT))
         assert_same(_without_job(snapshot(conn, tier_client, packed), packed), expected)
@@ -340,6 +342,7 @@ def test_closed_hours_of_a_running_day_packed_while_samples_keep_arriving(tier_c
         assert_same(_without_job(snapshot(conn, tier_client, reference, **snap), reference), expected)
 
         _post_all(tier_client, late)  # an outage's spool, replayed into hours already packed
+        summaries.refresh_marked(conn, 100)  # the summary refresh pass
         assert_same(_without_job(snapshot(conn, tier_client, packed, **snap), packed), expected)
         _pass(conn, now=now)  # merges them into their hours' blocks
         assert_same(_without_job(snapshot(conn, tier_client, packed, **snap), packed), expected)
