@@ -1,12 +1,12 @@
 """A process's environment names no job (issue #40), on the real Slurm of tests/slurm/, as an ordinary user.
 
-The user :data:`~tests.slurm.test_hostile_jobs.USER` runs a real batch job (the victim) that keeps its one
-GPU busy, and a second one of theirs (the bystander). Then, outside Slurm, on the two GPUs no job was
-given, they start two processes whose environment claims ``SLURM_JOB_ID=<the victim>`` and
-``SLURM_JOB_ID=--user=<the user>``; the fake NVML lists those pids on those idle GPUs. Before, the node
-daemon took such a GPU's job from ``/proc/<pid>/environ``: the victim became "1 of 2 GPUs idle" and an
-unfiltered cancel policy cancelled it, and the job ``--user=…`` reached ``scancel --user=…`` (every job of
-the user). Now the registration and the job's cgroup decide: the idle GPUs are uses outside any job, for
+Another user (root, here) runs two real batch jobs, the victim and the bystander, each keeping its one
+GPU busy. Then the ordinary user :data:`~tests.slurm.test_hostile_jobs.USER`, outside Slurm, on the two
+GPUs no job was given, starts two processes whose environment claims ``SLURM_JOB_ID=<the victim>`` and
+``SLURM_JOB_ID=--user=root``; the fake NVML lists those pids on those idle GPUs. Before, the node daemon
+took such a GPU's job from ``/proc/<pid>/environ``: the victim became "1 of 2 GPUs idle" and an
+unfiltered cancel policy cancelled it, and the job ``--user=root`` reached ``scancel --user=root`` (every
+job of the other user). Now the registration and the job's cgroup decide: the idle GPUs are uses outside any job, for
 the admins (``gpu_unallocated_uses``), the victim keeps its telemetry, no finding opens and nothing is
 cancelled, under a real (not dry-run) policy that acts on every partition.
 
@@ -90,15 +90,13 @@ class Neighbourhood:
         return "\n".join(parts)
 
 
-def _as_user(*command: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(["/usr/sbin/runuser", "-u", USER, "--", *command], cwd=WORK / "user",
-                          env={"PATH": "/usr/bin:/bin", "HOME": str(WORK / "user"), "LANG": "C.UTF-8", **(env or {})},
-                          capture_output=True, text=True, timeout=30)
-
-
-def _sbatch(what: str) -> str:
-    result = _as_user("/usr/bin/sbatch", "--parsable", "--gres=gpu:1", "-t", "5", "-J", f"neighbour-{what}",
-                      "-D", str(WORK / "user"), "-o", str(WORK / "user" / "%j.out"), "--wrap", "exec /bin/sleep 300")
+def _sbatch_as_root(what: str) -> str:
+    """A job of the other user (root): the victim or the bystander."""
+    result = subprocess.run(
+        ["/usr/bin/sbatch", "--parsable", "--gres=gpu:1", "-t", "5", "-J", f"neighbour-{what}", "-D", str(WORK),
+         "-o", str(WORK / "%j.out"), "--wrap", "exec /bin/sleep 300"],
+        env={"PATH": "/usr/bin:/bin", "HOME": str(WORK), "LANG": "C.UTF-8"}, capture_output=True, text=True,
+        timeout=30)
     assert result.returncode == 0, result.stderr
     return result.stdout.strip().split(";")[0]
 
@@ -202,11 +200,11 @@ def neighbourhood(postgres: Any, data_dir: Path, admin_token: str) -> Iterator[N
     try:
         collector.start()
         for what in ("victim", "bystander"):
-            state.jobs[what] = _sbatch(what)
+            state.jobs[what] = _sbatch_as_root(what)
             state.gpus[what] = _registered_gpus(state.jobs[what])
         taken = {gpu for gpus in state.gpus.values() for gpu in gpus}
         free = [gpu for gpu in range(4) if gpu not in taken]
-        for claimed, gpu in zip((state.jobs["victim"], f"--user={USER}"), free, strict=False):
+        for claimed, gpu in zip((state.jobs["victim"], "--user=root"), free, strict=False):
             runner = _outside_slurm(claimed)
             runners.append(runner)
             state.hostile[claimed] = _sleep_pid(runner)
@@ -257,7 +255,7 @@ def test_a_process_claiming_another_users_job_changes_nothing_of_it_and_cancels_
     assert hood.query("SELECT job_id FROM jobs WHERE job_id NOT IN (%s, %s)", victim, bystander) == []
     assert hood.query("SELECT job_id, rule FROM findings") == [], hood.diagnostics()
     assert hood.query("SELECT job_id, step, outcome FROM actions") == [], hood.diagnostics()
-    # Slurm still runs both of the user's jobs.
+    # Slurm still runs both of the other user's jobs.
     assert (hood.state("victim"), hood.state("bystander")) == ("RUNNING", "RUNNING"), hood.diagnostics()
 
 
