@@ -170,8 +170,9 @@ def run_pass(
                 if day < late_limit and keeper.drop_if_empty(conn, table, day):
                     report.dropped.append(partition_name(table, day))
         report.dropped += keeper.drop_older_than(conn, packed_retention_days, today, tables=PACKED_RETENTION_TABLES)
-        kept_from = day_start(today - dt.timedelta(days=packed_retention_days))
-        report.unallocated_deleted = _forget_unallocated_uses(conn, kept_from)
+        if packed_retention_days > 0:  # 0 keeps everything, as for the partitions
+            kept_from = day_start(today - dt.timedelta(days=packed_retention_days))
+            report.unallocated_deleted = _forget_unallocated_uses(conn, kept_from)
     for day_report in report.days:
         freed = (f"{day_report.raw_bytes} raw bytes freed" if day_report.whole
                  else f"{day_report.raw_rows} raw rows deleted")

@@ -588,6 +588,7 @@ def test_gpu_uses_outside_any_job_are_kept_as_long_as_the_packed_tier(tier_url: 
             seen = now - dt.timedelta(days=days_ago)
             conn.execute("INSERT INTO gpu_unallocated_uses (cluster, node, ts, gpu_index, gpu_uuid, pid) "
                          "VALUES ('default', 'n-retained', %s, 0, 'GPU-x', %s)", (seen, pid))
+        assert _pass(conn, packed_retention_days=0, now=now).unallocated_deleted == 0  # 0 keeps everything
         report = _pass(conn, packed_retention_days=30, now=now)
         kept = conn.execute("SELECT pid FROM gpu_unallocated_uses WHERE node = 'n-retained' ORDER BY pid").fetchall()
     assert report.unallocated_deleted == 1
