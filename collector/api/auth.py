@@ -230,7 +230,7 @@ class Authenticator:
             registered = known.get(principal.job or "")
             check_job_owner(principal, registered)
             for index, record in enumerate(batch.records):
-                _check_job_record(index, record, principal.job, registered)
+                _check_job_record(index, record, principal.job)
             return []
         refused: list[Refusal] = []
         for index, record in enumerate(batch.records):
@@ -253,7 +253,7 @@ class Authenticator:
         raise AuthError(403, "a node token cannot read")
 
 
-def _check_job_record(index: int, record: Mapping[str, Any], job: str | None, registered: Allocation) -> None:
+def _check_job_record(index: int, record: Mapping[str, Any], job: str | None) -> None:
     """A job token's record: of its own job, and nothing Slurm or the node has the say over."""
     if record["kind"] in NODE_KINDS:
         raise AuthError(403, f"record {index}: a job token cannot write {record['kind']} records "
@@ -261,7 +261,7 @@ def _check_job_record(index: int, record: Mapping[str, Any], job: str | None, re
     if record["job"] != job:
         raise AuthError(403, f"record {index}: a job token of job {job} "
                              f"cannot write records of job {record['job']}")
-    _check_job_token_lifecycle(index, record, registered)
+    _check_job_token_lifecycle(index, record)
 
 
 def _check_node_record(index: int, record: Mapping[str, Any], node: str | None, known: dict[str, Allocation]) -> None:
@@ -326,22 +326,19 @@ def check_job_owner(principal: Principal, registered: Allocation) -> None:
 
 # What Slurm says about a job (who ran it, where, on what, for how long) comes from the
 # prolog and epilog, which hold node tokens. A job token is in the user's hands, so it may
-# add run metadata to its job but not rewrite the accounting that audits rely on. Its name and
-# demo flag too, once a prolog registered the job: the name is what interactive exemptions match,
-# and a demo is left out of reconciliation and the lost rule. A run no prolog registered (outside
-# Slurm, or before its prolog's record arrived) names itself; its first prolog's record replaces
-# both (collector/ingest/write.py ``_job_started``).
-_JOB_TOKEN_MAY_SET = frozenset({"kind", "job", "ts", "node", "attrs"})
-_JOB_TOKEN_MAY_SET_UNREGISTERED = _JOB_TOKEN_MAY_SET | {"name", "demo"}
+# add run metadata to its job but not rewrite the accounting that audits rely on. It may send a
+# name and a demo flag: a run no prolog registered (outside Slurm, or before its prolog's record
+# arrived) names itself, and once a prolog registered the job they are Slurm's and the ingest path
+# keeps them (collector/ingest/write.py ``_job_started``: the first prolog's record replaces both, and
+# a record without a user changes neither). Refusing them here would set aside the whole batch of a
+# training process whose callback names its run, steps and logs with it.
+_JOB_TOKEN_MAY_SET = frozenset({"kind", "job", "ts", "node", "name", "demo", "attrs"})
 
 
-def _check_job_token_lifecycle(index: int, record: Mapping[str, object], registered: Allocation) -> None:
+def _check_job_token_lifecycle(index: int, record: Mapping[str, object]) -> None:
     if record["kind"] == "job_ended":
         raise AuthError(403, f"record {index}: a job token cannot end its job (the epilog does)")
     if record["kind"] == "job_started":
-        may_set = _JOB_TOKEN_MAY_SET if registered is not None else _JOB_TOKEN_MAY_SET_UNREGISTERED
         for field, value in record.items():
-            if value is not None and field not in may_set:
-                why = (f"; a prolog registered job {record['job']}, so it is Slurm's"
-                       if field in _JOB_TOKEN_MAY_SET_UNREGISTERED else "")
-                raise AuthError(403, f"record {index}: a job token cannot set the job's {field}{why}")
+            if value is not None and field not in _JOB_TOKEN_MAY_SET:
+                raise AuthError(403, f"record {index}: a job token cannot set the job's {field}")

@@ -139,6 +139,10 @@ def test_a_jobs_own_gpu_samples_do_not_hide_its_idle_gpu(cluster: Cluster, attac
         "SELECT 1 FROM gpu_samples WHERE job_id = %s LIMIT 1", hostile)))
     utils = [r[0] for r in cluster.query("SELECT util_gpu FROM gpu_samples WHERE job_id = %s", hostile)]
     assert utils and FORGED_UTIL not in utils
+    # Samples that came after the epilog computed the summary are counted by the summary refresh pass.
+    cluster.wait_for(f"job {hostile}'s summary with its GPU", lambda: bool(cluster.scalar(
+        "SELECT summary -> 'gpus' <> '[]'::jsonb AND NOT summary ? 'refresh_due' FROM job_summaries "
+        "WHERE job_id = %s", hostile)))
     summary = cluster.scalar("SELECT summary FROM job_summaries WHERE job_id = %s", hostile)
     assert summary["gpus"] and all(g["max_util"] < FORGED_UTIL for g in summary["gpus"]), json.dumps(summary)[:2000]
     # Kept, and shown as what they are.
