@@ -298,7 +298,7 @@ def store_summary(conn: Connection, cluster: str, job_id: str) -> dict[str, Any]
                gpu_count = excluded.gpu_count, gpu_hours = excluded.gpu_hours, mean_util = excluded.mean_util,
                energy_kwh = excluded.energy_kwh, flags = excluded.flags,
                node_energy_kwh = excluded.node_energy_kwh, co2e_kg = NULL,
-               summary = excluded.summary""" + _KEEP_MARK,
+               summary = """ + _KEEP_MARK,
         (
             cluster,
             job_id,
@@ -331,11 +331,11 @@ REFRESH_MARK: Final = "refresh_due"
 """The key of ``job_summaries.summary`` that says rows came after the summary was computed: the time
 of the first such batch (ISO 8601). Absent: the summary counts every row stored before it was computed."""
 
-# The upsert of a summary keeps a mark made while it was computed (see the module's docstring).
-_KEEP_MARK: Final = f"""
-               || CASE WHEN job_summaries.summary ? '{REFRESH_MARK}'
-                       THEN jsonb_build_object('{REFRESH_MARK}', job_summaries.summary -> '{REFRESH_MARK}')
-                       ELSE '{{}}'::jsonb END"""
+# The upsert of a summary keeps a mark made while it was computed (see the module's docstring). Only
+# IMMUTABLE functions (jsonb_set, ?, ->): Citus refuses others in an upsert's DO UPDATE of a distributed table.
+_KEEP_MARK: Final = f"""CASE WHEN job_summaries.summary ? '{REFRESH_MARK}'
+                   THEN jsonb_set(excluded.summary, '{{{REFRESH_MARK}}}', job_summaries.summary -> '{REFRESH_MARK}')
+                   ELSE excluded.summary END"""
 
 # Only summaries of jobs that have ended (a requeued job's next run is running: its summary is recomputed
 # when that run ends). Usually none: a running job costs one primary-key lookup per batch, as before.
