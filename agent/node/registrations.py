@@ -12,13 +12,14 @@ The file is a JSON object, written atomically (temporary file + rename) with mod
      "account": "physics", "partition": "gpu", "name": "train", "node": "gpu01",
      "nodes": ["gpu01", "gpu02"], "node_count": 2, "gpus": [0, 1],
      "time_limit_s": 86400, "started_us": 1763769600000000,
-     "token_file": "/run/jobsight/tokens/123", "slurm_job_id": 123}
+     "token_file": "/run/jobsight/tokens/123", "slurm_job_id": 123, "sluid": "s8FXKTA79XAR00"}
 
 ``gpus`` holds the NVML (GRES) indices of the job's GPUs on this node, ``[]`` for a
 job without GPUs. ``slurm_job_id`` is Slurm's own number of the job (``SLURM_JOB_ID``: an
 array task's own id, which its cgroup names, where ``job_id`` is ``<array job>_<task>``); files
-without it still read. Keys this version does not know are ignored, so a newer prolog
-may add fields without breaking an older daemon.
+without it still read. ``sluid`` is the run's SLUID (``SLURM_JOB_SLUID``, Slurm 26.05 and later), which
+names the job's cgroup v2 folder; absent from files of older Slurm or older prologs. Keys this version
+does not know are ignored, so a newer prolog may add fields without breaking an older daemon.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from jobsight.agent.atomic_files import write_atomically
+from jobsight.protocol.sluid import is_sluid
 
 log = logging.getLogger("jobsight.agent.registrations")
 
@@ -86,6 +88,10 @@ class Registration:
     slurm_job_id: int | None = None
     """Slurm's own id (``SLURM_JOB_ID``), the number in the job's cgroup (``job_<id>``): an array
     task's differs from ``job_id``. ``None``: an older prolog's file."""
+    sluid: str | None = None
+    """The run's SLUID as slurmd prints it (``s8FXKTA79XAR00``, :mod:`jobsight.protocol.sluid`), the name
+    of its cgroup v2 folder since Slurm 26.05. ``None``: older Slurm (no ``SLURM_JOB_SLUID``), an older
+    prolog's file, or a value not in that form."""
     version: int = VERSION
 
     def to_json(self) -> str:
@@ -94,6 +100,8 @@ class Registration:
         data["nodes"] = list(self.nodes) if self.nodes is not None else None
         if self.slurm_job_id is None:
             del data["slurm_job_id"]  # a file without it stays what older prologs wrote
+        if self.sluid is None:
+            del data["sluid"]
         return json.dumps(data, sort_keys=True, separators=(",", ":")) + "\n"
 
     @classmethod
@@ -156,6 +164,8 @@ class Registration:
             token_file=text("token_file"),
             run=max(integer("run") or 0, 0),
             slurm_job_id=_positive(integer("slurm_job_id")),
+            # Matched against cgroup folder names: only Slurm's own spelling, else none (never guessed).
+            sluid=data["sluid"] if is_sluid(data.get("sluid")) else None,
             version=version,
         )
 

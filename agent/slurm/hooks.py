@@ -9,9 +9,12 @@ jobsight never drains a node or fails a job.
   environment (see ``tests/slurm/NOTES.md``), mints the job token (cluster secret,
   valid for the time limit plus ``JOBSIGHT_TOKEN_GRACE_S``), writes the token file
   (``<JOBSIGHT_TOKEN_DIR>/<job>.token``, owned by the job's uid, mode 0400) and the
-  registration (:mod:`jobsight.agent.node.registrations`), and posts ``job_started``.
+  registration (:mod:`jobsight.agent.node.registrations`, with the run's SLUID where Slurm gives
+  ``SLURM_JOB_SLUID``, 26.05 and later), and posts ``job_started`` (with that ``sluid`` too).
 * **task prolog** (the job's user, before every task): prints one ``export NAME=value``
-  line each for the collector URL, cluster, job id and token. No network.
+  line each for the collector URL, cluster, job id, Slurm's node name (``JOBSIGHT_NODE``: what the
+  job's processes record as their node, so that ranks map to the node daemon's GPUs whatever the
+  host name says) and token. No network.
 * **epilog** (root): posts ``job_ended`` with the job's end state as Slurm names it and its exit
   code (the environment, and one ``squeue --json`` bounded like a network call:
   :mod:`jobsight.agent.slurm.end_state`), removes the registration and the token file, and replays
@@ -22,6 +25,9 @@ daemon's), so a spooled batch can be replayed by the daemon or a later hook. Whe
 the collector does not answer in time, the batch goes to the disk spool (the one the
 node daemon replays: ``JOBSIGHT_SPOOL_DIR``, else ``<JOBSIGHT_DATA_DIR>/spool``,
 else ``/var/lib/jobsight/spool`` for root) and is fsynced before the hook exits.
+
+Slurm's commands (``squeue``) run with slurmd's ``SLURM_CONF`` (:func:`jobsight.agent.slurm.squeue.slurm_env`)
+and are found as :func:`jobsight.agent.slurm.squeue.find_squeue` says.
 
 Reading the job from the environment is :mod:`jobsight.agent.slurm.job`, sending and spooling
 :mod:`jobsight.agent.slurm.sender`, the syslog set-up :mod:`jobsight.agent.slurm.hook_log`.
@@ -46,10 +52,12 @@ from jobsight.agent.slurm.job import (
     exit_code_from_env,
     job_from_env,
     job_time_limit,
+    node_name_from_env,
+    sluid_from_env,
     with_slurm_ids,
 )
 from jobsight.agent.slurm.sender import NET_TIMEOUT_S, HookSender, spool_dir
-from jobsight.agent.slurm.squeue import SQUEUE, ask_squeue
+from jobsight.agent.slurm.squeue import SQUEUE, ask_squeue, find_squeue
 from jobsight.protocol import wire
 from jobsight.protocol.json_safe import clip
 from jobsight.protocol.slurm_ids import job_id_from_env, slurm_job_id
@@ -69,7 +77,8 @@ _SAFE_VALUE = re.compile(r"^[A-Za-z0-9_./:@%+,=-]+$")
 @dataclass(frozen=True)
 class HookSettings:
     """What the hooks need beyond :class:`AgentSettings`, from ``JOBSIGHT_*`` env vars
-    (the wrappers export ``/etc/jobsight/hooks.env``)."""
+    (the wrappers export ``/etc/jobsight/hooks.env``, then the ``hooks.env`` beside themselves, whose
+    lines win)."""
 
     secret_file: str = DEFAULT_SECRET_FILE
     token_dir: str = DEFAULT_TOKEN_DIR
@@ -77,7 +86,8 @@ class HookSettings:
     log_file: str | None = None
     """``None``: problems go to syslog (facility daemon, or user for the task prolog)."""
     squeue: str = SQUEUE
-    """Slurm's ``squeue``, asked ``--json`` for what the environment lacks (JOBSIGHT_SQUEUE)."""
+    """Slurm's ``squeue``, asked ``--json`` for what the environment lacks: ``JOBSIGHT_SQUEUE``, else the
+    one beside slurmd's ``SLURM_CONF`` (:func:`jobsight.agent.slurm.squeue.find_squeue`)."""
 
 
 def load_hook_settings(env: dict[str, str]) -> HookSettings:
@@ -93,7 +103,7 @@ def load_hook_settings(env: dict[str, str]) -> HookSettings:
         token_dir=env.get("JOBSIGHT_TOKEN_DIR") or DEFAULT_TOKEN_DIR,
         grace_s=grace,
         log_file=env.get("JOBSIGHT_HOOK_LOG") or None,
-        squeue=env.get("JOBSIGHT_SQUEUE") or SQUEUE,
+        squeue=find_squeue(env),
     )
 
 
@@ -147,9 +157,12 @@ def run_prolog(env: dict[str, str], settings: AgentSettings, hooks: HookSettings
     deadline = time.monotonic() + 2 * NET_TIMEOUT_S
     started_us = wire.now_us()
     # squeue knows the job by Slurm's own id; what it says names an array task as users see it (N_i).
-    fields = ask_squeue(slurm_job_id(env), hooks.squeue, NET_TIMEOUT_S)
+    fields = ask_squeue(slurm_job_id(env), hooks.squeue, NET_TIMEOUT_S, env)
     env = with_slurm_ids(env, fields)
     job = job_from_env(env, settings)
+    sluid = sluid_from_env(env)
+    if sluid is None and env.get("SLURM_JOB_SLUID"):
+        log.warning("job %s: SLURM_JOB_SLUID is not a SLUID as slurmd prints it; not recorded", job.job_id)
     time_limit = job_time_limit(env, fields)
     name = _text(job.name or fields.get("name"))
     secret = read_secret(hooks.secret_file)
@@ -170,7 +183,7 @@ def run_prolog(env: dict[str, str], settings: AgentSettings, hooks: HookSettings
             cluster=settings.cluster, job_id=job.job_id, node=job.node, started_us=started_us,
             gpus=tuple(job.gpus), user=job.user, uid=job.uid, account=job.account, partition=job.partition,
             name=name, nodes=tuple(job.nodes), node_count=job.node_count, time_limit_s=time_limit,
-            token_file=token_file, run=job.restart_count, slurm_job_id=int(slurm_job_id(env)),
+            token_file=token_file, run=job.restart_count, slurm_job_id=int(slurm_job_id(env)), sluid=sluid,
         ))
     except (OSError, ValueError, ImportError) as exc:
         log.error("job %s: cannot write the registration in %s: %s", job.job_id, settings.registration_dir, exc)
@@ -184,6 +197,7 @@ def run_prolog(env: dict[str, str], settings: AgentSettings, hooks: HookSettings
         # What waste policies exempt by (collector/passes/actions.py), from Slurm's own answer.
         "qos": _text(fields.get("qos")), "comment": _text(fields.get("comment")),
         "batch": {"true": True, "false": False}.get(fields.get("batch", "")),
+        "sluid": sluid,
     }
     sender = HookSender(settings, _node_token(settings, secret, job.node), spool_dir(settings, env), deadline)
     sender.send(_source(settings, "prolog", job), [{k: v for k, v in record.items() if v is not None}])
@@ -260,7 +274,7 @@ def run_epilog(env: dict[str, str], settings: AgentSettings, hooks: HookSettings
     deadline = time.monotonic() + 2 * NET_TIMEOUT_S
     # Slurm's own id for squeue: an array task's or a heterogeneous component's, not the one users see,
     # which comes from what squeue says (the epilog's environment names no array), as in the prolog.
-    fields = ask_squeue(slurm_job_id(env), hooks.squeue, NET_TIMEOUT_S)
+    fields = ask_squeue(slurm_job_id(env), hooks.squeue, NET_TIMEOUT_S, env)
     env = with_slurm_ids(env, fields)
     job = _ended_run(job_from_env(env, settings), settings)
     secret = read_secret(hooks.secret_file)
@@ -294,6 +308,14 @@ def task_prolog_lines(env: dict[str, str], settings: AgentSettings, hooks: HookS
     would need quoting are left out rather than risk a broken environment."""
     job = job_id_from_env(env)
     values = {"JOBSIGHT_URL": settings.url, "JOBSIGHT_CLUSTER": settings.cluster, "JOBSIGHT_JOB_ID": job}
+    # The node as the prolog registered it (hooks.env's JOBSIGHT_NODE, else Slurm's SLURMD_NODENAME), not
+    # the host name a process would fall back to (a fully qualified one maps no rank to a GPU). Only a
+    # plain host name: anything else is left out (logged), and the process names its host as before.
+    node = node_name_from_env(env)
+    if node:
+        values["JOBSIGHT_NODE"] = node
+    elif env.get("JOBSIGHT_NODE") or env.get("SLURMD_NODENAME"):
+        log.warning("job %s: the node name is not a plain host name; JOBSIGHT_NODE left out", job)
     # PyTorch then asks the node daemon for a profiling config (agent/node/kineto_service.py); a
     # job's own KINETO_USE_DAEMON (0 to opt out) is left as it is.
     if settings.kineto_daemon and "KINETO_USE_DAEMON" not in env:

@@ -1,7 +1,8 @@
 """The job a Slurm hook runs for, from slurmd's environment (see ``tests/slurm/NOTES.md``):
 its id, node and user, its GPUs, its time limit (with Slurm's structured answer,
-:mod:`jobsight.agent.slurm.squeue`, for what the environment lacks) and, in the epilog, its exit
-code. Nothing here reads text a user wrote (a job name is carried, never parsed)."""
+:mod:`jobsight.agent.slurm.squeue`, for what the environment lacks), its run's SLUID (26.05 and later)
+and, in the epilog, its exit code. Nothing here reads text a user wrote (a job name is carried,
+never parsed)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,11 @@ import re
 from dataclasses import dataclass
 
 from jobsight.agent.settings import AgentSettings
+from jobsight.protocol.sluid import is_sluid
 from jobsight.protocol.slurm_ids import job_id_from_env
+
+# A plain host name (HOST_NAME_MAX is 64): what a task prolog may export as a job's node.
+_HOST_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 
 
 def expand_hostlist(expression: str) -> list[str]:
@@ -124,6 +129,22 @@ def job_from_env(env: dict[str, str], settings: AgentSettings) -> SlurmJob:
         gpus=parse_gpus(env.get("SLURM_JOB_GPUS") or env.get("CUDA_VISIBLE_DEVICES")),
         restart_count=_int(env.get("SLURM_JOB_RESTART_COUNT")) or 0,
     )
+
+
+def sluid_from_env(env: dict[str, str]) -> str | None:
+    """The run's SLUID from ``SLURM_JOB_SLUID`` (slurmd gives it to the prolog and epilog since 26.05);
+    ``None`` on older Slurm, or for a value not in the form slurmd prints (:mod:`jobsight.protocol.sluid`)."""
+    value = env.get("SLURM_JOB_SLUID")
+    return value if is_sluid(value) else None
+
+
+def node_name_from_env(env: dict[str, str]) -> str | None:
+    """The node a job's processes run on as jobsight names it: ``JOBSIGHT_NODE`` (hooks.env: the node
+    daemon's name, which the prolog registers too), else Slurm's ``SLURMD_NODENAME``. ``None`` when
+    neither is given or the name is not a plain host name (letters, digits, ``.``, ``_``, ``-``; at
+    most 64 characters)."""
+    node = env.get("JOBSIGHT_NODE") or env.get("SLURMD_NODENAME") or ""
+    return node if _HOST_NAME.fullmatch(node) else None
 
 
 def exit_code_from_env(env: dict[str, str]) -> int | None:

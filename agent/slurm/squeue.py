@@ -1,4 +1,4 @@
-"""What Slurm says about one job, from its structured answer ``squeue --json -j <id>``.
+"""What Slurm says about one job, from its structured answer ``squeue --json -j <id> --states=all``.
 
 The root hooks once read ``scontrol show job -o``, a line of ``Key=value`` pairs in which the
 user's own ``JobName=`` (and comment, work directory, output paths) may hold spaces and
@@ -8,7 +8,15 @@ name is only ever a name. See ``docs/security.md``.
 
 ``squeue --json`` answers on Slurm 21.08 and later (22.05 is Debian 12's), for pending, running,
 completing and recently ended jobs (``MinJobAge``), one job with ``-j``; both of its shapes are
-read by :mod:`jobsight.protocol.slurm_json`.
+read by :mod:`jobsight.protocol.slurm_json`. An ended job only with ``--states=all`` since 23.02:
+without it, 26.05's ``squeue --json`` drops every job that is not pending, running, suspended,
+staging out or completing, ``-j`` or not (``src/squeue/print.c``: ``squeue_filter_jobs_for_json`` →
+``_filter_job``); 22.05 answers every job it remembers either way and takes the option too.
+
+squeue runs with ``PATH`` and slurmd's ``SLURM_CONF`` only (:func:`slurm_env`): a Slurm whose
+``slurm.conf`` is not where its commands were built to look (configless, or installed under a prefix
+and configured elsewhere) is found by what slurmd says, never by luck. Which ``squeue``:
+:func:`find_squeue`.
 
 Standard library only (the hooks run on every node with the agent extra at most).
 """
@@ -17,7 +25,11 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import stat
 import subprocess
+from collections.abc import Mapping
+from pathlib import PurePosixPath
 from typing import Any, Final
 
 from jobsight.protocol.slurm_json import exit_pair, number, state
@@ -75,14 +87,59 @@ def job_fields(answer: Any, job: str) -> dict[str, str]:
     return fields
 
 
-def ask_squeue(job: str, squeue: str, timeout_s: float) -> dict[str, str]:
-    """:func:`job_fields` of one ``squeue --json -j <job>`` run with a timeout; ``{}`` (logged)
-    when it cannot be run, times out or prints no JSON. ``job`` is Slurm's own id."""
+def slurm_env(env: Mapping[str, str]) -> dict[str, str]:
+    """The environment a Slurm command of the hooks runs with: ``PATH``, and ``SLURM_CONF`` as slurmd
+    gave it to the hook (an absolute path; anything else is left out, and the command looks where it
+    was built to). Nothing else of the hook's environment (``SQUEUE_FORMAT``, ``SLURM_TIME_FORMAT``,
+    ...) can change what Slurm prints."""
+    out = {"PATH": "/usr/bin:/bin"}
+    conf = env.get("SLURM_CONF", "")
+    if conf.startswith("/"):
+        out["SLURM_CONF"] = conf
+    return out
+
+
+def _root_command(path: str) -> bool:
+    """Whether ``path`` is a regular executable file owned by root that group and others cannot write:
+    root runs it (the wrappers' rule for ``hooks.env``)."""
+    try:
+        info = os.stat(path)
+    except OSError:
+        return False
+    return (stat.S_ISREG(info.st_mode) and info.st_uid == 0 and not info.st_mode & 0o022
+            and bool(info.st_mode & 0o100))
+
+
+def find_squeue(env: Mapping[str, str]) -> str:
+    """The ``squeue`` the hooks ask: ``JOBSIGHT_SQUEUE`` (hooks.env) when set; else the one beside
+    slurmd's ``SLURM_CONF`` in an installation prefix (``<prefix>/etc/slurm.conf`` or
+    ``<prefix>/etc/slurm/slurm.conf`` → ``<prefix>/bin/squeue``, a Slurm built with ``--prefix``), when
+    that is root's (:func:`_root_command`); else :data:`SQUEUE`. A ``slurm.conf`` under ``/etc`` names
+    no prefix: that is the system's Slurm, :data:`SQUEUE`."""
+    chosen = env.get("JOBSIGHT_SQUEUE")
+    if chosen:
+        return chosen
+    conf = PurePosixPath(env.get("SLURM_CONF") or "/")
+    etc = conf.parent.parent if conf.parent.name == "slurm" else conf.parent
+    if conf.is_absolute() and etc.name == "etc" and etc.parent != PurePosixPath("/"):
+        beside = str(etc.parent / "bin" / "squeue")
+        if _root_command(beside):
+            return beside
+    return SQUEUE
+
+
+def ask_squeue(job: str, squeue: str, timeout_s: float, env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """:func:`job_fields` of one ``squeue --json -j <job> --states=all`` run with a timeout; ``{}``
+    (logged) when it cannot be run, times out or prints no JSON. ``job`` is Slurm's own id; ``env`` the
+    hook's, for its ``SLURM_CONF`` (:func:`slurm_env`)."""
     if not job.isdigit():  # never empty: squeue without -j lists every job
         return {}
     try:
-        result = subprocess.run([squeue, "--json", "-j", job], capture_output=True, timeout=timeout_s,
-                                check=False, env={"PATH": "/usr/bin:/bin"}, stdin=subprocess.DEVNULL)
+        # --states=all: 26.05 answers an ended job only with it (see the module's docstring); after the
+        # id, so that `-j <id>` stays where the tests' stand-in squeue reads it.
+        result = subprocess.run([squeue, "--json", "-j", job, "--states=all"], capture_output=True,
+                                timeout=timeout_s, check=False, env=slurm_env(env or {}),
+                                stdin=subprocess.DEVNULL)
     except (OSError, subprocess.SubprocessError) as exc:
         log.warning("job %s: squeue --json failed (%s)", job, exc)
         return {}

@@ -266,7 +266,7 @@ def _job_started(conn: Connection, cluster: str, r: dict[str, Any]) -> None:
             "node_count": r.get("node_count"),
             "time_limit_s": r.get("time_limit_s"),
             "demo": bool(r.get("demo")),
-            "attrs": Jsonb(r["attrs"]) if r.get("attrs") is not None else None,
+            "attrs": _attrs(r),
             "nodes": nodes or [],
             "gpus": [f"{r.get('node') or ''}:{g}" for g in (r.get("gpus") or [])],
             "ts": r["ts"],
@@ -274,6 +274,20 @@ def _job_started(conn: Connection, cluster: str, r: dict[str, Any]) -> None:
             "job": r["job"],
         },
     )
+
+
+def _attrs(r: dict[str, Any]) -> Jsonb | None:
+    """What a ``job_started`` adds to the job's ``attrs``: its own, and the prolog's ``sluid`` (the run's
+    SLUID, a wire field only node tokens may set: docs/security.md) under the key ``sluid``. A ``sluid``
+    key in a record's own ``attrs`` (run metadata, which job tokens write) is left out, so the stored one
+    is always the prolog's."""
+    attrs, sluid = r.get("attrs"), r.get("sluid")
+    if isinstance(attrs, dict) and "sluid" in attrs:
+        attrs = {key: value for key, value in attrs.items() if key != "sluid"}
+    if sluid is not None and (attrs is None or isinstance(attrs, dict)):
+        attrs = {**(attrs or {}), "sluid": sluid}
+    # attrs that are not an object (the wire takes any JSON value) have no key for it; no prolog sends both.
+    return Jsonb(attrs) if attrs is not None else None
 
 
 # The stored state gives way to one at least as specific (jobsight/protocol/job_states.py), in one statement:

@@ -100,6 +100,8 @@ Hints = Annotated[Any, WireSpec("json"), Content("hints")]
 GzipBase64 = Annotated[str, WireSpec("text"), Content("gzip_base64")]
 """Base64 of one gzip stream and nothing after it (a profiler trace): capped at ``wire.MAX_TRACE_B64``
 characters, and at ``wire.MAX_TRACE_INFLATED`` bytes once inflated."""
+Sluid = Annotated[str, WireSpec("str"), Content("sluid")]
+"""A job run's SLUID as slurmd prints it (``s8FXKTA79XAR00``: :mod:`jobsight.protocol.sluid`)."""
 
 
 @dataclass(kw_only=True)
@@ -329,6 +331,9 @@ class JobStarted:
     """The job's Slurm comment, as its user wrote it: data, matched by the site's exemption word only."""
     batch: bool | None = None
     """``False`` for a job Slurm runs without a batch script (``salloc``, ``srun --pty``): interactive."""
+    sluid: Sluid | None = None
+    """The run's SLUID (Slurm 26.05 and later give the prolog ``SLURM_JOB_SLUID``; older Slurm none): the
+    name of its cgroup v2 folder. Kept in the job's ``attrs`` as ``sluid`` (the latest run's)."""
 
 
 @dataclass(kw_only=True)

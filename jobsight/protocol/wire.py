@@ -37,6 +37,7 @@ try:  # the agent's extra brings orjson; without it the standard library seriali
 except ImportError:  # pragma: no cover - exercised where the agent runs without the extra
     _orjson = None  # type: ignore[assignment]
 from jobsight.protocol.records import NODE_KINDS, RECORDS, Int64, Range, common_of
+from jobsight.protocol.sluid import sluid_problem
 from jobsight.protocol.slurm_ids import is_job_id
 from jobsight.protocol.specs import FINITE, wire_contents, wire_fields, wire_ranges
 
@@ -220,6 +221,7 @@ _CONTENT_CHECKS: Final[dict[str, Callable[[Any], str | None]]] = {
     "object": checks.object_problem,
     "hints": checks.hints_problem,
     "gzip_base64": lambda value: checks.gzip_base64_problem(value, MAX_TRACE_INFLATED),
+    "sluid": sluid_problem,
 }
 _CONTENT_LIMITS: Final = {"gzip_base64": MAX_TRACE_B64}
 

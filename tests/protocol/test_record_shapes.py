@@ -83,7 +83,8 @@ STORAGE: dict[str, Storage] = {
     "job_started": Storage(
         "jobs",
         renamed={"job": "job_id", "user": "user_name", "ts": "start_time"},
-        not_stored={"kind": KIND, "node": "merged into nodes, and qualifies each of gpus as <node>:<gpu>"},
+        not_stored={"kind": KIND, "node": "merged into nodes, and qualifies each of gpus as <node>:<gpu>",
+                    "sluid": "kept in attrs under the key sluid (ingest.write._attrs)"},
         row_per_record=False,
     ),
     "job_ended": Storage(
