@@ -2,8 +2,9 @@
 
 The prolog's registration says which GPUs Slurm gave a job; that is the allocation the job is
 accounted for, so it decides. NVML's list of compute processes on the GPU is the cross-check: each
-pid is traced to its job through ``/proc/<pid>/cgroup`` (Slurm's ``job_<id>`` cgroup, which the
-kernel keeps and no process can choose). The process evidence
+pid is traced to its job through ``/proc/<pid>/cgroup`` (Slurm's job cgroup, ``job_<id>`` or the job's
+SLUID, which the kernel keeps and no process can choose; read by :mod:`jobsight.agent.node.slurm_cgroups`).
+The process evidence
 
 * picks among several registrations that claim one GPU (a stale file left by a failed epilog, or a
   GPU shared through ``shard``/MPS),
@@ -21,36 +22,22 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from jobsight.agent.node.gpu_reading import GpuReading
-from jobsight.agent.node.kineto_process import registration_for_slurm_id
 from jobsight.agent.node.registrations import Registration
-from jobsight.protocol.slurm_ids import ascii_digits
+from jobsight.agent.node.slurm_cgroups import JobFolder, read_place, registration_of
 
 log = logging.getLogger("jobsight.agent.attribution")
 
-# cgroup v1: /slurm/uid_1000/job_123/step_0/task_0
-# cgroup v2: /system.slice/slurmstepd.scope/job_123/step_batch/user/task_0
-_CGROUP_JOB = re.compile(r"/job_([0-9][0-9_+]*)(?:/|$)")
 
-
-def job_from_cgroup(pid: int, proc_root: str = "/proc") -> str | None:
-    """The Slurm job whose cgroup holds ``pid``; ``None`` when none does or it cannot be read."""
-    try:
-        with open(os.path.join(proc_root, str(pid), "cgroup"), encoding="utf-8", errors="replace") as handle:
-            text = handle.read()
-    except OSError:
-        return None
-    for line in text.splitlines():
-        path = line.split(":", 2)[-1]
-        match = _CGROUP_JOB.search(path)
-        if match:
-            return match.group(1)
-    return None
+def job_from_cgroup(pid: int, proc_root: str = "/proc") -> JobFolder | None:
+    """The Slurm job whose cgroup holds ``pid`` (its number or SLUID); ``None`` when none does, the
+    lines name several, or the file cannot be read."""
+    place = read_place(pid, proc_root)
+    return place.job if place is not None else None
 
 
 def uid_of_pid(pid: int, proc_root: str = "/proc") -> int | None:
@@ -65,35 +52,10 @@ def uid_of_pid(pid: int, proc_root: str = "/proc") -> int | None:
     return None
 
 
-def pids_by_job(proc_root: str = "/proc") -> dict[str, list[int]]:
-    """Every process on the node in a Slurm job's cgroup, grouped by job id.
-
-    A full scan of ``proc_root``; the daemon calls it only for jobs whose cgroup directory it
-    cannot find (host samples summed from ``/proc``).
-    """
-    jobs: dict[str, list[int]] = {}
-    try:
-        names = os.listdir(proc_root)
-    except OSError:
-        return jobs
-    for name in names:
-        if not name.isdigit():
-            continue
-        pid = int(name)
-        job = job_from_cgroup(pid, proc_root)
-        if job is not None:
-            jobs.setdefault(job, []).append(pid)
-    for pids in jobs.values():
-        pids.sort()
-    return jobs
-
-
-def _registered_as(cgroup_job: str, registrations: Sequence[Registration]) -> str | None:
-    """The id of the job registered on this node whose Slurm number the cgroup names; ``None``
-    when no registration here holds it."""
-    if not ascii_digits(cgroup_job):
-        return None
-    registration = registration_for_slurm_id(registrations, int(cgroup_job))
+def _registered_as(cgroup_job: JobFolder, registrations: Sequence[Registration]) -> str | None:
+    """The id of the job registered on this node whose cgroup folder this is; ``None`` when no
+    registration here holds it."""
+    registration = registration_of(cgroup_job, registrations)
     return registration.job_id if registration is not None else None
 
 
@@ -119,9 +81,9 @@ class Attributor:
 
     proc_root: str = "/proc"
     _logged: set[tuple[object, ...]] = field(default_factory=set)
-    _cache: dict[int, str | None] = field(default_factory=dict)
+    _cache: dict[int, JobFolder | None] = field(default_factory=dict)
 
-    def _job(self, pid: int) -> str | None:
+    def _job(self, pid: int) -> JobFolder | None:
         if pid not in self._cache:
             self._cache[pid] = job_from_cgroup(pid, self.proc_root)
         return self._cache[pid]
@@ -141,7 +103,7 @@ class Attributor:
         for pid, _memory in reading.processes:
             job = self._job(pid)
             if job is not None:
-                jobs[_registered_as(job, registrations) or job] = None
+                jobs[_registered_as(job, registrations) or str(job)] = None
         return list(jobs)
 
     def jobs_for(self, reading: GpuReading, registrations: Sequence[Registration]) -> list[str]:

@@ -24,12 +24,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final
 
-from jobsight.agent.node.attribution import Attribution, Attributor, pids_by_job, uid_of_pid
+from jobsight.agent.node.attribution import Attribution, Attributor, uid_of_pid
 from jobsight.agent.node.gpu_reading import GpuReading
 from jobsight.agent.node.host import HostReading, HostSampler
 from jobsight.agent.node.node_energy import NodeEnergy
 from jobsight.agent.node.nvml import NvmlSampler, NvmlUnavailable
 from jobsight.agent.node.registrations import Registration, read_registrations
+from jobsight.agent.node.slurm_cgroups import pids_by_job
 from jobsight.agent.settings import AgentSettings
 from jobsight.agent.shipping.shipper import Shipper
 from jobsight.protocol import wire
@@ -185,19 +186,18 @@ class NodeDaemon:
                 )
 
     def _host_samples(self, registrations: list[Registration], ts: int, node: str, gpu_watts: float | None) -> int:
-        jobs = [r.job_id for r in registrations]
-        self._host.forget(jobs)
+        self._host.forget(r.job_id for r in registrations)
         by_job: dict[str, list[int]] | None = None
         readings: dict[str, HostReading] = {}
-        for job in jobs:
+        for registration in registrations:
             pids: list[int] | None = None
-            if self._host.find_cgroup(job) is None:
+            if not self._host.counts_cpu(registration):  # no cgroup, or one without cpuacct: its processes
                 if by_job is None:
-                    by_job = pids_by_job(self.proc_root)  # one scan per tick, only when needed
-                pids = by_job.get(job, [])
-            reading = self._host.sample(job, pids)
+                    by_job = pids_by_job(registrations, self.proc_root)  # one scan per tick, only when needed
+                pids = by_job.get(registration.job_id, [])
+            reading = self._host.sample(registration, pids)
             if reading is not None:
-                readings[job] = reading
+                readings[registration.job_id] = reading
         energy: dict[str, float] = {}
         if self.energy is not None:
             energy = self.energy.tick(gpu_watts, self._clock(), {

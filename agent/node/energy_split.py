@@ -3,7 +3,8 @@
 Over one tick the node used ``E`` joules besides its GPUs (RAPL's packages and DRAM, or the BMC's
 whole-node power less the GPUs' own). Over the same tick the node's CPUs had ``T`` seconds of time
 (cores × tick), of which ``B`` were busy (``/proc/stat``: all but idle and iowait), and each job's
-cgroup used ``c`` CPU seconds (``cpu.stat``). Then:
+cgroup used ``c`` CPU seconds (``cpu.stat``, v1's ``cpuacct.usage``; the sum over its processes where its
+cgroup counts none: :mod:`jobsight.agent.node.host`). Then:
 
 * the busy part, ``E × B / T``, goes to the jobs by their share of the busy time, ``c / B``: a job
   gets ``E × c / T``. What the jobs did not use of ``B`` (the node's daemons, the kernel) is left
@@ -82,7 +83,7 @@ def count_cpus(cpuset: str) -> int | None:
 
 @dataclass(frozen=True)
 class JobCpu:
-    """One job over a tick: CPU seconds its cgroup used (``None``: unknown this tick) and its cores."""
+    """One job over a tick: CPU seconds it used (``None``: unknown this tick) and its cores (its cgroup's cpuset)."""
 
     cpu_s: float | None
     cores: int | None

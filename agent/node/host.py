@@ -1,13 +1,14 @@
 """Per-job host CPU and memory, for ``host_sample`` records.
 
-The job's Slurm cgroup is read when there is one: cgroup v2
-(``<cgroup_root>/…/job_<id>/cpu.stat`` and ``memory.current``/``memory.max``) or
-v1 (``<cgroup_root>/cpuacct/…/job_<id>/cpuacct.usage`` and
-``<cgroup_root>/memory/…/job_<id>/memory.usage_in_bytes``/``memory.limit_in_bytes``).
-Without one (no ``proctrack/cgroup``, a container) the job's processes are summed
-from ``<proc_root>/<pid>/stat`` and ``status``: CPU time of the live processes
-and their resident memory (shared pages counted once per process, so an
-over-estimate), with no limit.
+The job's Slurm cgroup is read when there is one, found by :mod:`jobsight.agent.node.slurm_cgroups`
+at Slurm's own paths (``job_<id>`` or the job's SLUID, one slurmd or several): cgroup v2
+(``cpu.stat`` and ``memory.current``/``memory.max`` in the job's folder) or v1 (``cpuacct.usage`` in
+the job's ``cpuacct`` folder, ``memory.usage_in_bytes``/``memory.limit_in_bytes`` in its ``memory``
+folder). Without one (no cgroup plugin, a container) the job's processes are summed from
+``<proc_root>/<pid>/stat`` and ``status``: CPU time of the live processes and their resident memory
+(shared pages counted once per process, so an over-estimate), with no limit. A v1 cgroup without a
+``cpuacct`` folder (cgroup.conf constraining memory only, ``jobacct_gather/none``) gives the memory;
+the CPU time then comes from the job's processes, never lost (:attr:`HostReading.cpu_source`).
 
 All roots and the clock are parameters so tests point them at fixture trees
 (STYLE rule 8).
@@ -15,7 +16,6 @@ All roots and the clock are parameters so tests point them at fixture trees
 
 from __future__ import annotations
 
-import glob
 import logging
 import os
 import time
@@ -24,6 +24,8 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from jobsight.agent.node.energy_split import count_cpus
+from jobsight.agent.node.registrations import Registration
+from jobsight.agent.node.slurm_cgroups import JobDirs, find_job_dirs, folders_of
 
 CPU_UTIL_MAX = 100_000.0
 """The wire's bound on ``cpu_util`` (percent of one CPU)."""
@@ -32,13 +34,8 @@ log = logging.getLogger("jobsight.agent.host")
 
 # cgroup v1 reports "no limit" as the largest page-aligned signed 64-bit value.
 _V1_NO_LIMIT: Final = 2**62
-# Where Slurm puts a job's cgroup, relative to the v2 root or a v1 controller
-# mount; the first that exists wins, the glob is the fallback for other layouts.
-_V2_PLACES: Final = ("system.slice/slurmstepd.scope/job_{job}", "slurm/job_{job}")
-_V1_PLACES: Final = ("slurm/uid_*/job_{job}", "slurm/job_{job}")
-_GLOB_DEPTH: Final = 4
 # A job without a cgroup is looked for again after this long, not every tick
-# (the search globs the cgroup tree); slurmstepd may create it after the prolog.
+# (the search lists the cgroup tree's slices); slurmstepd may create it after the prolog.
 _ABSENT_RETRY_S: Final = 30.0
 
 
@@ -56,7 +53,10 @@ class HostReading:
     mem_limit: int | None
     """Bytes; ``None`` when the job has no memory limit or it is not known."""
     source: str
-    """``cgroup2``, ``cgroup1`` or ``proc``; not a wire field."""
+    """Where the memory came from: ``cgroup2``, ``cgroup1`` or ``proc``; not a wire field."""
+    cpu_source: str | None = None
+    """Where ``cpu_time_s`` came from: ``cgroup2``, ``cgroup1`` or ``proc`` (the job's live processes,
+    where its cgroup counts no CPU time); ``None`` with no CPU time. Not a wire field."""
 
     def to_record(self) -> dict[str, Any]:
         """The wire fields of a ``host_sample`` record; the caller adds kind, job, ts, node."""
@@ -86,6 +86,10 @@ def _read_int(path: str) -> int | None:
         return None
 
 
+def _counts_cpu(found: JobDirs) -> bool:
+    return found.version == 2 or found.of("cpuacct") is not None
+
+
 class HostSampler:
     """Reads per-job CPU and memory; keeps each job's previous CPU time for ``cpu_util``."""
 
@@ -98,8 +102,8 @@ class HostSampler:
         self.proc_root = proc_root
         self.cgroup_root = cgroup_root
         self._clock = clock
-        self._previous: dict[str, tuple[float, float]] = {}
-        self._paths: dict[str, tuple[str, list[str]]] = {}
+        self._previous: dict[str, tuple[float, float, str | None]] = {}
+        self._paths: dict[str, JobDirs] = {}
         try:
             self._ticks_per_s = os.sysconf("SC_CLK_TCK")
         except (OSError, ValueError):
@@ -109,51 +113,30 @@ class HostSampler:
 
     # -- cgroups -----------------------------------------------------------------
 
-    def _find(self, base: str, places: Iterable[str], job: str) -> str | None:
-        for place in places:
-            for path in sorted(glob.glob(os.path.join(base, place.format(job=glob.escape(job))))):
-                if os.path.isdir(path):
-                    return path
-        name = f"job_{glob.escape(job)}"
-        for depth in range(1, _GLOB_DEPTH + 1):
-            pattern = os.path.join(base, *(["*"] * (depth - 1)), name)
-            for path in sorted(glob.glob(pattern)):
-                if os.path.isdir(path):
-                    return path
-        return None
+    def find_cgroup(self, registration: Registration) -> JobDirs | None:
+        """The job's cgroup folders (:func:`~jobsight.agent.node.slurm_cgroups.find_job_dirs`), or ``None``.
 
-    def find_cgroup(self, job: str) -> tuple[str, list[str]] | None:
-        """``("cgroup2", [dir])`` or ``("cgroup1", [cpuacct dir, memory dir])`` of the job, or ``None``.
-
-        Either v1 directory may be ``""`` when that controller has no job cgroup.
+        Looked for again every :data:`_ABSENT_RETRY_S` while absent: slurmstepd may make it after the prolog.
         """
+        job = registration.job_id
         cached = self._paths.get(job)
-        if cached is not None and all(not p or os.path.isdir(p) for p in cached[1]):
+        if cached is not None and cached.exist():
             return cached
         now = self._clock()
         if cached is None and now < self._absent_until.get(job, -1.0):
             return None
-        found: tuple[str, list[str]] | None = None
-        root = self.cgroup_root
-        if os.path.exists(os.path.join(root, "cgroup.controllers")):
-            path = self._find(root, _V2_PLACES, job)
-            if path is not None:
-                found = ("cgroup2", [path])
-        else:
-            cpu: str | None = None
-            for controller in ("cpuacct", "cpu,cpuacct", "cpuacct,cpu"):
-                cpu = self._find(os.path.join(root, controller), _V1_PLACES, job)
-                if cpu is not None:
-                    break
-            memory = self._find(os.path.join(root, "memory"), _V1_PLACES, job)
-            if cpu is not None or memory is not None:
-                found = ("cgroup1", [cpu or "", memory or ""])
+        found = find_job_dirs(self.cgroup_root, folders_of(registration), registration.node)
         if found is None:
             self._paths.pop(job, None)
             self._absent_until[job] = now + _ABSENT_RETRY_S
         else:
             self._paths[job] = found
         return found
+
+    def counts_cpu(self, registration: Registration) -> bool:
+        """Whether the job's cgroup counts its CPU time; if not, :meth:`sample` wants its processes."""
+        found = self.find_cgroup(registration)
+        return found is not None and _counts_cpu(found)
 
     def _from_cgroup2(self, path: str) -> tuple[float | None, int | None, int | None]:
         cpu: float | None = None
@@ -177,7 +160,7 @@ class HostSampler:
                 limit = None
         return cpu, used, limit
 
-    def _from_cgroup1(self, cpu_dir: str, memory_dir: str) -> tuple[float | None, int | None, int | None]:
+    def _from_cgroup1(self, cpu_dir: str | None, memory_dir: str | None) -> tuple[float | None, int | None, int | None]:
         usage_ns = _read_int(os.path.join(cpu_dir, "cpuacct.usage")) if cpu_dir else None
         # In whole microseconds, as cgroup v2 counts: the packed tier keeps such seconds as integers.
         cpu = usage_ns // 1000 / 1e6 if usage_ns is not None else None
@@ -195,12 +178,9 @@ class HostSampler:
         found = self._paths.get(job)
         if found is None:
             return None
-        source, paths = found
-        if source == "cgroup2":
-            text = _read_text(os.path.join(paths[0], "cpuset.cpus.effective"))
-        else:
-            cpuset = self._find(os.path.join(self.cgroup_root, "cpuset"), _V1_PLACES, job)
-            text = _read_text(os.path.join(cpuset, "cpuset.cpus")) if cpuset is not None else None
+        directory = found.of("cpuset")
+        name = "cpuset.cpus.effective" if found.version == 2 else "cpuset.cpus"
+        text = _read_text(os.path.join(directory, name)) if directory is not None else None
         count = count_cpus(text) if text is not None else None
         if count is not None:
             self._cores[job] = count  # a job's cpuset is set once, at its start
@@ -237,21 +217,27 @@ class HostSampler:
 
     # -- reading --------------------------------------------------------------------
 
-    def sample(self, job: str, pids: Iterable[int] | None = None) -> HostReading | None:
-        """The job's usage now: its cgroup, else the sum over ``pids``.
+    def sample(self, registration: Registration, pids: Iterable[int] | None = None) -> HostReading | None:
+        """The job's usage now: its cgroup, else the sum over ``pids``; the CPU time from ``pids`` too
+        where the cgroup counts none (:meth:`counts_cpu`).
 
         ``None`` when there is neither a cgroup nor a live pid to measure.
         """
+        job = registration.job_id
         now = self._clock()
-        found = self.find_cgroup(job)
+        found = self.find_cgroup(registration)
         if found is not None:
-            source, paths = found
-            if source == "cgroup2":
-                cpu, used, limit = self._from_cgroup2(paths[0])
+            source = f"cgroup{found.version}"
+            if found.version == 2:
+                cpu, used, limit = self._from_cgroup2(found.of("") or "")
             else:
-                cpu, used, limit = self._from_cgroup1(paths[0], paths[1])
+                cpu, used, limit = self._from_cgroup1(found.of("cpuacct"), found.of("memory"))
+            cpu_source = source if cpu is not None else None
+            if cpu is None and pids is not None and not _counts_cpu(found):
+                cpu, _rss = self._from_proc(pids)
+                cpu_source = "proc" if cpu is not None else None
         elif pids is not None:
-            source = "proc"
+            source = cpu_source = "proc"
             cpu, used = self._from_proc(pids)
             limit = None
             if cpu is None:
@@ -259,19 +245,27 @@ class HostSampler:
                 return None
         else:
             return None
-        util: float | None = None
-        if cpu is not None:
-            previous = self._previous.get(job)
-            if previous is not None:
-                elapsed = now - previous[0]
-                spent = cpu - previous[1]
-                if elapsed > 0 and spent >= 0:
-                    # Two readings very close together can overshoot; the wire's cap is 1000 busy cores.
-                    # Hundredths of a percent: finer is below what two readings a tick apart can
-                    # tell, and the packed tier keeps such values as integers (a few bytes, not 4).
-                    util = round(min(100.0 * spent / elapsed, CPU_UTIL_MAX), 2)
-            self._previous[job] = (now, cpu)
-        return HostReading(cpu_time_s=cpu, cpu_util=util, mem_used=used, mem_limit=limit, source=source)
+        return HostReading(cpu_time_s=cpu, cpu_util=self._util(job, now, cpu, cpu_source), mem_used=used,
+                           mem_limit=limit, source=source, cpu_source=cpu_source)
+
+    def _util(self, job: str, now: float, cpu: float | None, cpu_source: str | None) -> float | None:
+        """Percent of one CPU since the job's previous reading; ``None`` on the first, after the CPU
+        time went backwards, or when it came from elsewhere last time (a cgroup found late counts
+        what the processes that ended had used: no utilisation from that jump)."""
+        if cpu is None:
+            return None
+        previous = self._previous.get(job)
+        self._previous[job] = (now, cpu, cpu_source)
+        if previous is None or previous[2] != cpu_source:
+            return None
+        elapsed = now - previous[0]
+        spent = cpu - previous[1]
+        if elapsed <= 0 or spent < 0:
+            return None
+        # Two readings very close together can overshoot; the wire's cap is 1000 busy cores.
+        # Hundredths of a percent: finer is below what two readings a tick apart can
+        # tell, and the packed tier keeps such values as integers (a few bytes, not 4).
+        return round(min(100.0 * spent / elapsed, CPU_UTIL_MAX), 2)
 
     def forget(self, keep: Iterable[str]) -> None:
         """Drop the state of every job not in ``keep`` (jobs that ended)."""

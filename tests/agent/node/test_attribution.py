@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from jobsight.agent.node import attribution
-from jobsight.agent.node.attribution import Attributor, job_from_cgroup, pids_by_job, uid_of_pid
+from jobsight.agent.node.attribution import Attributor, job_from_cgroup, uid_of_pid
 from jobsight.agent.node.gpu_reading import GpuReading
 from jobsight.agent.node.nvml import NvmlSampler
 from jobsight.agent.node.registrations import (
@@ -31,6 +31,7 @@ from jobsight.agent.node.registrations import (
     remove_registration,
     write_registration,
 )
+from jobsight.agent.node.slurm_cgroups import pids_by_job
 
 REPO = Path(__file__).resolve().parents[3]
 FAKE_DIR = REPO / "tests" / "fake_nvml"
@@ -64,11 +65,13 @@ def proc_root(tmp_path: Path) -> Path:
 
 def test_a_process_is_traced_through_its_cgroup_never_its_environment(proc_root: Path) -> None:
     root = str(proc_root)
-    assert [job_from_cgroup(pid, root) for pid in (100, 101, 102, 103, 104, 105, 106, 107)] == [
+    jobs = [job_from_cgroup(pid, root) for pid in (100, 101, 102, 103, 104, 105, 106, 107)]
+    assert [str(job) if job is not None else None for job in jobs] == [
         None, "4242", "777", "777", None, None, "999", None,
     ]
-    # Process 100 says SLURM_JOB_ID=7 and is in no job's cgroup: it is in no job.
-    assert pids_by_job(root) == {"4242": [101], "777": [102, 103], "999": [106]}
+    # Process 100 says SLURM_JOB_ID=7 and is in no job's cgroup: it is in no job, registered or not.
+    registered = [reg("4242"), reg("777"), reg("7")]
+    assert pids_by_job(registered, root) == {"4242": [101], "777": [102, 103]}
     assert not hasattr(attribution, "job_from_environ") and not hasattr(attribution, "job_of_pid")
 
 
@@ -99,7 +102,7 @@ def test_a_real_process_is_not_in_the_job_its_environment_claims() -> None:
         wait_for_exec(child.pid, ["sleep", "30"])
         # The child sits in this test's cgroup, whatever its environment says.
         assert job_from_cgroup(child.pid) == job_from_cgroup(os.getpid()) != "31337"
-        assert child.pid not in pids_by_job().get("31337", [])
+        assert child.pid not in pids_by_job([reg("31337")]).get("31337", [])
         assert uid_of_pid(child.pid) == os.getuid()
     finally:
         child.kill()

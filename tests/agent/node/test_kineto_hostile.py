@@ -14,7 +14,8 @@ drops to the uid before it does anything) against the real Kineto service and it
    the status tells the task prolog whether it serves; the epilog removes a job's traces
    without following a link; Kineto writes its traces where no other user reads them.
 6. The job comes from the process's Slurm cgroup (v1 and v2, an array task through its
-   registration's ``slurm_job_id``), its environment only outside Slurm.
+   registration's ``slurm_job_id``, a SLUID folder through its registration's ``sluid``), its
+   environment only outside Slurm.
 
 Kineto's client is played by :data:`CLIENT` (its socket, timing and message layout), so that the
 uid, the environment and the flood are the test's to choose.
@@ -778,6 +779,29 @@ def test_an_array_task_is_found_by_slurms_own_id(daemons: Callable[..., Daemon],
                  SLURM_ARRAY_JOB_ID="4400", SLURM_ARRAY_TASK_ID="3", SLURM_JOB_ID="4405")
     config = ask_twice(service, 2001)
     assert config is not None and "request5_" in config and "/4400_3/" in config, config
+
+
+def test_a_process_in_a_sluid_folder_is_served_as_the_job_whose_registration_holds_that_sluid(
+        daemons: Callable[..., Daemon], tmp_path: Path) -> None:
+    """Slurm 26.05's cgroup v2 names the job's folder by its SLUID (src/plugins/cgroup/v2/cgroup_v2.c:1934-1936):
+    the service serves the job whose registration holds it (the prolog's ``SLURM_JOB_SLUID``), and no
+    job whose registration does not, whatever number or environment the process claims."""
+    proc_root = tmp_path / "proc"
+    daemon = daemons(abstract=unique("jobsight-test"))
+    service = daemon.new_service(proc_root=str(proc_root))
+    daemon.register("4601", os.getuid(), slurm_job_id=4601, sluid="s8FXKTA79XAR00")
+    daemon.register("4602", os.getuid(), slurm_job_id=4602)  # no SLUID registered: never matched to a folder
+    service.trace_root.mkdir(parents=True, exist_ok=True)
+    service._refresh()
+    service._pending = {"4601": [PendingRequest(9, 3, None)], "4602": [PendingRequest(10, 3, None)]}
+    fake_process(proc_root, 4700, "0::/system.slice/slurmstepd.scope/s8FXKTA79XAR00/step_batch/user/task_0\n",
+                 JOBSIGHT_JOB_ID="4602", SLURM_JOB_ID="4602")
+    config = ask_twice(service, 4700)
+    assert config is not None and "request9_" in config and "/4601/" in config, config
+    fake_process(proc_root, 4701, "0::/system.slice/slurmstepd.scope/s8FXKTA79XAR01/step_batch/user/task_0\n",
+                 JOBSIGHT_JOB_ID="4602", SLURM_JOB_ID="4602")
+    assert ask_twice(service, 4701) is None
+    assert service.status.refused.get("job not registered here") == 2
 
 
 FREEZER = Path("/sys/fs/cgroup/freezer")

@@ -63,8 +63,9 @@ def proc_stat(proc: Path, busy_s: float, idle_s: float, cores: int = 8) -> None:
     write(proc / "stat", "\n".join([*lines, "intr 0", "ctxt 0", "btime 0"]) + "\n")
 
 
-def job_cgroup(cgroups: Path, job: str, cpu_s: float, cpus: str) -> None:
-    base = cgroups / "system.slice" / "slurmstepd.scope" / f"job_{job}"
+def job_cgroup(cgroups: Path, slurm_job_id: int, cpu_s: float, cpus: str) -> None:
+    """Job ``slurm_job_id``'s cgroup v2 folder where Slurm makes it (src/plugins/cgroup/v2/cgroup_v2.c:1932)."""
+    base = cgroups / "system.slice" / "slurmstepd.scope" / f"job_{slurm_job_id}"
     write(base / "cpu.stat", f"usage_usec {round(cpu_s * 1e6)}\nuser_usec 0\nsystem_usec 0\n")
     write(base / "cpuset.cpus.effective", cpus + "\n")
     write(base / "memory.current", "1048576\n")
@@ -127,10 +128,12 @@ def test_two_jobs_sharing_a_node_get_their_joules(
     proc, cgroups, root = tmp_path / "proc", tmp_path / "cgroup", tmp_path / "powercap"
     write(cgroups / "cgroup.controllers", "cpuset cpu io memory pids\n")
     jobs = {"a": f"{tmp_path.name[-6:]}1", "b": f"{tmp_path.name[-6:]}2"}
+    numbers = {"a": 8101, "b": 8102}  # Slurm's own numbers, which name the cgroups (the registration joins them)
     registrations = tmp_path / "jobs"
-    for gpu, job in enumerate(jobs.values()):
+    for gpu, (what, job) in enumerate(jobs.items()):
         write_registration(registrations, Registration(cluster="default", job_id=job, node=node,
-                                                       started_us=wire.now_us(), gpus=(gpu,), user="ana"))
+                                                       started_us=wire.now_us(), gpus=(gpu,), user="ana",
+                                                       slurm_job_id=numbers[what]))
     settings = AgentSettings(url=live_collector.url, token=live_collector.token, node=node,
                              spool_dir=str(tmp_path / "spool"), data_dir=str(tmp_path / "data"), batch_age_s=0.2)
     powercap(root, 1_000_000, 50_000, RANGE_UJ - 200_000_000, 70_000, 5)
@@ -141,13 +144,13 @@ def test_two_jobs_sharing_a_node_get_their_joules(
                         cgroup_root=str(cgroups), energy=energy)
     try:
         proc_stat(proc, 100.0, 100.0)
-        job_cgroup(cgroups, jobs["a"], 50.0, "0-3")
-        job_cgroup(cgroups, jobs["b"], 20.0, "4,6")
+        job_cgroup(cgroups, numbers["a"], 50.0, "0-3")
+        job_cgroup(cgroups, numbers["b"], 20.0, "4,6")
         daemon.tick()
         powercap(root, 601_000_000, 100_050_000, 300_000_000, 100_070_000, 9_999_000_000)
         proc_stat(proc, 120.0, 120.0)
-        job_cgroup(cgroups, jobs["a"], 62.0, "0-3")
-        job_cgroup(cgroups, jobs["b"], 24.0, "4,6")
+        job_cgroup(cgroups, numbers["a"], 62.0, "0-3")
+        job_cgroup(cgroups, numbers["b"], 24.0, "4,6")
         daemon.tick()
         assert shipper.flush(10.0)
     finally:
@@ -175,3 +178,66 @@ def test_a_bmc_reading_less_the_gpus_over_the_tick() -> None:
     assert power.energy_since_last(None, 15.0) is None
     clock[0] = 31.0
     assert power.energy_since_last(600.0, 20.0) is None
+
+
+def job_process(proc: Path, pid: int, slurm_job_id: int, cpu_s: float) -> None:
+    """A task of job ``slurm_job_id`` in the test cluster's v1 memory cgroup (xcgroup.c:414-439, cgroup_v1.c:339),
+    with ``cpu_s`` CPU seconds used so far."""
+    path = f"/slurm/uid_1000/job_{slurm_job_id}/step_batch/task_0"
+    write(proc / str(pid) / "cgroup", f"11:memory:{path}\n4:cpu,cpuacct:/\n0::/system.slice/slurmd.service\n")
+    fields = ["S", "1", "1", "1", "0", "-1", "0", "0", "0", "0", "0", str(round(cpu_s * TICKS)), "0", *["0"] * 39]
+    write(proc / str(pid) / "stat", f"{pid} (task) {' '.join(fields)}\n")
+    write(proc / str(pid) / "status", "Name:\ttask\nVmRSS:\t1024 kB\n")
+
+
+def test_a_job_whose_cgroup_counts_no_cpu_time_gets_its_share_from_its_processes(
+    live_collector: Any, db: psycopg.Connection[Any], fake_library: Path, tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The test cluster's cgroups (tests/slurm/cgroup.conf.in: v1, memory only, no cpuacct, no cpuset): job a
+    burns 12 CPU-seconds over the tick beside job b, idle. Each job's cgroup is found (its memory) and
+    counts no CPU time, so its processes' is summed: a gets 1,300 × 12/40 = 390 J, b none, and the
+    samples name RAPL. Before, the cgroup was found, its CPU time never read, and both got nothing."""
+    pytest.importorskip("pynvml", reason="nvidia-ml-py (pynvml) is not installed")
+    monkeypatch.setenv("FAKE_NVML_SCENARIO", str(Path(__file__).parents[2] / "fake_nvml" / "scenarios"
+                                                 / "four_gpus.json"))
+    node = f"node-{tmp_path.name}"
+    proc, cgroups, root = tmp_path / "proc", tmp_path / "cgroup", tmp_path / "powercap"
+    jobs = {"a": f"{tmp_path.name[-6:]}1", "b": f"{tmp_path.name[-6:]}2"}
+    numbers = {"a": 8201, "b": 8202}
+    registrations = tmp_path / "jobs"
+    for gpu, (what, job) in enumerate(jobs.items()):
+        write_registration(registrations, Registration(cluster="default", job_id=job, node=node,
+                                                       started_us=wire.now_us(), gpus=(gpu,), user="ana",
+                                                       slurm_job_id=numbers[what]))
+        memory = cgroups / "memory" / "slurm" / "uid_1000" / f"job_{numbers[what]}"
+        write(memory / "memory.usage_in_bytes", "1048576\n")
+        write(memory / "memory.limit_in_bytes", "2147483648\n")
+    (cgroups / "cpu,cpuacct").mkdir()  # mounted, with no job folders: Slurm constrains memory only
+    settings = AgentSettings(url=live_collector.url, token=live_collector.token, node=node,
+                             spool_dir=str(tmp_path / "spool"), data_dir=str(tmp_path / "data"), batch_age_s=0.2)
+    powercap(root, 1_000_000, 50_000, RANGE_UJ - 200_000_000, 70_000, 5)
+    energy = NodeEnergy(RaplCounters(str(root)), "cores", proc_root=str(proc))
+    sampler = NvmlSampler(library_path=str(fake_library))
+    shipper = Shipper(settings)
+    daemon = NodeDaemon(settings, sampler, shipper, registration_dir=str(registrations), proc_root=str(proc),
+                        cgroup_root=str(cgroups), energy=energy)
+    try:
+        proc_stat(proc, 100.0, 100.0)
+        job_process(proc, 3001, numbers["a"], 50.0)
+        job_process(proc, 3002, numbers["b"], 1.0)
+        daemon.tick()
+        powercap(root, 601_000_000, 100_050_000, 300_000_000, 100_070_000, 9_999_000_000)
+        proc_stat(proc, 120.0, 120.0)
+        job_process(proc, 3001, numbers["a"], 62.0)
+        daemon.tick()
+        assert shipper.flush(10.0)
+    finally:
+        shipper.shutdown(2.0)
+        sampler.close()
+    rows = {job: db.execute("SELECT cpu_time_s, mem_used, energy_j, power_source FROM host_samples "
+                            "WHERE job_id = %s ORDER BY ts", (job,)).fetchall() for job in jobs.values()}
+    assert [row[:2] for row in rows[jobs["a"]]] == [(50.0, 1048576), (62.0, 1048576)]
+    assert rows[jobs["a"]][1][2] == pytest.approx(390.0, rel=1e-6)
+    assert rows[jobs["b"]][1][2:] == (0.0, "rapl")
+    assert rows[jobs["a"]][1][3] == "rapl"
