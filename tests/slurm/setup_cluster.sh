@@ -5,11 +5,18 @@
 #   sudo bash tests/slurm/teardown_cluster.sh   # stop the daemons
 #
 # Installs slurmctld, slurmd, slurm-client and munge from apt if missing, creates
-# the munge key and /dev/nvidia0..3 (char 195:N), writes /etc/slurm/{slurm,gres}.conf
+# the munge key and /dev/nvidia0..3 (char 195:N), writes /etc/slurm/{slurm,gres,cgroup}.conf
 # from tests/slurm/*.in, writes /etc/jobsight/hooks.env (unless an admin's file is
 # there), starts munged, slurmctld and slurmd, and waits for the node to be idle.
 #
+# With SLURM_PREFIX (a Slurm built from source, e.g. /opt/slurm-26.05 by tests/slurm/build_slurm.sh),
+# the daemons and commands are that prefix's, the configuration goes to its sysconfdir
+# (<prefix>/etc), its state, logs and pid files to folders of its own (/var/spool/<name>,
+# /var/log/<name>, /run/<name>, <name> the prefix's last component), and munge (from apt) is
+# shared. One Slurm runs at a time: the other's daemons must be stopped first (teardown_cluster.sh).
+#
 # Environment:
+#   SLURM_PREFIX        where Slurm is installed (default /usr: Debian's packages, /etc/slurm)
 #   JOBSIGHT_BIN        jobsight executable the hooks call
 #                       (default: <repo>/.venv/bin/jobsight, else /usr/local/bin/jobsight)
 #   JOBSIGHT_URL, JOBSIGHT_CONFIG, JOBSIGHT_HOOK_TIMEOUT, JOBSIGHT_CLUSTER, JOBSIGHT_NODE,
@@ -24,6 +31,8 @@ slurm_dir="$repo/slurm"
 host="$(hostname -s)"
 wait_s="${SLURM_WAIT_S:-60}"
 marker="# written by jobsight tests/slurm/setup_cluster.sh"
+# shellcheck source=tests/slurm/slurm_paths.sh
+. "$here/slurm_paths.sh"
 
 die() { echo "setup_cluster: ERROR: $*" >&2; exit 1; }
 say() { echo "setup_cluster: $*"; }
@@ -50,7 +59,7 @@ traversable() {  # traversable PATH: o+x on every directory above PATH
 }
 traversable "$slurm_dir/task_prolog"
 # --- packages ---------------------------------------------------------------------
-pkgs=(slurmctld slurmd slurm-client munge)
+if [ "$prefix" = /usr ]; then pkgs=(slurmctld slurmd slurm-client munge); else pkgs=(munge); fi
 missing=()
 for p in "${pkgs[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -63,9 +72,10 @@ if [ "${#missing[@]}" -gt 0 ]; then
              && apt-get install -y -q --no-install-recommends "${missing[@]}" >>/tmp/jobsight-slurm-apt.log 2>&1; } \
         || die "apt-get install ${missing[*]} failed; see /tmp/jobsight-slurm-apt.log"
 fi
-for b in /usr/sbin/slurmctld /usr/sbin/slurmd /usr/sbin/munged /usr/bin/sinfo; do
-    [ -x "$b" ] || die "$b not found after install"
+for b in "$slurmctld" "$slurmd" /usr/sbin/munged "$sinfo" "$scontrol"; do
+    [ -x "$b" ] || die "$b not found$([ "$prefix" = /usr ] && echo " after install" || echo " (tests/slurm/build_slurm.sh)")"
 done
+other_slurm_running && die "another Slurm's daemons are running; stop them first (tests/slurm/teardown_cluster.sh)"
 
 # --- munge key --------------------------------------------------------------------
 install -d -o munge -g munge -m 0700 /etc/munge /var/lib/munge /var/log/munge
@@ -91,7 +101,7 @@ for n in 0 1 2 3; do
 done
 
 # --- configuration ----------------------------------------------------------------
-install -d -m 0755 /etc/slurm /var/log/slurm /var/spool/slurmctld /var/spool/slurmd /etc/jobsight
+install -d -m 0755 "$conf_dir" "$log_dir" "$state_dir" "$spool_dir" "$run_dir" /etc/jobsight
 # At least 4 CPUs so four 1-GPU jobs fit at once on a 2-core CI runner
 # (slurm.conf has SlurmdParameters=config_overrides; nothing is pinned with task/none).
 cpus="$(nproc)"
@@ -100,7 +110,9 @@ changed=0
 render() {  # render TEMPLATE DEST MODE: write only when the content differs
     local tmp
     tmp="$(mktemp)"
-    sed -e "s|@HOST@|$host|g" -e "s|@SLURM_DIR@|$slurm_dir|g" -e "s|@CPUS@|$cpus|g" "$1" >"$tmp"
+    sed -e "s|@HOST@|$host|g" -e "s|@SLURM_DIR@|$slurm_dir|g" -e "s|@CPUS@|$cpus|g" \
+        -e "s|@STATE_DIR@|$state_dir|g" -e "s|@SPOOL_DIR@|$spool_dir|g" -e "s|@LOG_DIR@|$log_dir|g" \
+        -e "s|@RUN_DIR@|$run_dir|g" "$1" >"$tmp"
     if ! cmp -s "$tmp" "$2"; then
         install -m "$3" "$tmp" "$2"
         changed=1
@@ -108,9 +120,9 @@ render() {  # render TEMPLATE DEST MODE: write only when the content differs
     fi
     rm -f "$tmp"
 }
-render "$here/slurm.conf.in" /etc/slurm/slurm.conf 0644
-render "$here/gres.conf.in" /etc/slurm/gres.conf 0644
-render "$here/cgroup.conf.in" /etc/slurm/cgroup.conf 0644
+render "$here/slurm.conf.in" "$conf_dir/slurm.conf" 0644
+render "$here/gres.conf.in" "$conf_dir/gres.conf" 0644
+render "$here/cgroup.conf.in" "$conf_dir/cgroup.conf" 0644
 
 hooks_env=/etc/jobsight/hooks.env
 # JOBSIGHT_BIN: the caller's, else this checkout's venv, else what an earlier run wrote.
@@ -126,6 +138,11 @@ if [ ! -e "$hooks_env" ] || grep -qxF "$marker" "$hooks_env"; then
     {
         echo "$marker"
         echo "JOBSIGHT_BIN=$JOBSIGHT_BIN"
+        # A Slurm outside /usr: the hooks ask its squeue, with its configuration (slurmd's SLURM_CONF).
+        if [ "$prefix" != /usr ]; then
+            echo "JOBSIGHT_SQUEUE=$squeue"
+            echo "SLURM_CONF=$conf_dir/slurm.conf"
+        fi
         for v in JOBSIGHT_URL JOBSIGHT_CONFIG JOBSIGHT_HOOK_TIMEOUT JOBSIGHT_CLUSTER JOBSIGHT_NODE \
                  JOBSIGHT_SECRET_FILE JOBSIGHT_TOKEN_DIR JOBSIGHT_REGISTRATION_DIR JOBSIGHT_SPOOL_DIR JOBSIGHT_HOOK_LOG; do
             [ -z "${!v:-}" ] || echo "$v=${!v}"
@@ -163,7 +180,7 @@ stop() {  # stop PIDFILE NAME
     kill -9 "$pid" 2>/dev/null || true
 }
 
-if [ -d /run/systemd/system ]; then
+if [ "$prefix" = /usr ] && [ -d /run/systemd/system ]; then
     # A booted systemd host (e.g. a CI VM): the Debian units own the daemons.
     # (Untested in the container this was written in; see NOTES.md.)
     systemctl enable --now munge >/dev/null
@@ -184,17 +201,17 @@ else
     munge -n </dev/null | unmunge >/dev/null 2>&1 || die "munge round trip failed; see /var/log/munge/munged.log"
 
     if [ "$changed" -eq 1 ]; then
-        stop /run/slurmd.pid slurmd
-        stop /run/slurmctld.pid slurmctld
+        stop "$run_dir/slurmd.pid" slurmd
+        stop "$run_dir/slurmctld.pid" slurmctld
     fi
-    if ! alive /run/slurmctld.pid slurmctld; then
-        say "starting slurmctld"
-        /usr/sbin/slurmctld || die "slurmctld failed to start; see /var/log/slurm/slurmctld.log"
+    if ! alive "$run_dir/slurmctld.pid" slurmctld; then
+        say "starting $slurmctld"
+        "$slurmctld" || die "slurmctld failed to start; see $log_dir/slurmctld.log"
     fi
-    if ! alive /run/slurmd.pid slurmd; then
-        say "starting slurmd"
+    if ! alive "$run_dir/slurmd.pid" slurmd; then
+        say "starting $slurmd"
         slurmd_started="$(date +%s)"
-        /usr/sbin/slurmd || die "slurmd failed to start; see /var/log/slurm/slurmd.log"
+        "$slurmd" || die "slurmd failed to start; see $log_dir/slurmd.log"
     fi
 fi
 
@@ -204,19 +221,19 @@ fi
 registered() {
     local t
     [ "$slurmd_started" -eq 0 ] && return 0
-    t="$(scontrol show node "$host" 2>/dev/null | sed -n 's/.*SlurmdStartTime=\([^ ]*\).*/\1/p')"
+    t="$("$scontrol" show node "$host" 2>/dev/null | sed -n 's/.*SlurmdStartTime=\([^ ]*\).*/\1/p')"
     [ -n "$t" ] && [ "$t" != None ] && [ "$(date -d "$t" +%s 2>/dev/null || echo 0)" -ge $((slurmd_started - 1)) ]
 }
 state=""
 resumed=0
 for _ in $(seq $((wait_s * 2))); do
-    state="$(sinfo -h -n "$host" -o %T 2>/dev/null | head -n1 || true)"
+    state="$("$sinfo" -h -n "$host" -o %T 2>/dev/null | head -n1 || true)"
     case "$state" in
         idle|mixed|allocated) registered && break ;;
         down*|drain*)
             # A node left down/drained by an earlier run (e.g. a killed prolog) comes back.
             if [ "$resumed" -eq 0 ]; then
-                scontrol update NodeName="$host" State=RESUME >/dev/null 2>&1 || true
+                "$scontrol" update NodeName="$host" State=RESUME >/dev/null 2>&1 || true
                 resumed=1
             fi ;;
     esac
@@ -226,9 +243,9 @@ case "$state" in
     idle|mixed|allocated) registered || { state="$state, slurmd not registered"; false; } ;;
     *) false ;;
 esac || {
-    echo "--- sinfo -R" >&2; sinfo -R >&2 || true
-    echo "--- slurmctld.log (tail)" >&2; tail -n 20 /var/log/slurm/slurmctld.log >&2 2>/dev/null || true
-    echo "--- slurmd.log (tail)" >&2; tail -n 20 /var/log/slurm/slurmd.log >&2 2>/dev/null || true
+    echo "--- sinfo -R" >&2; "$sinfo" -R >&2 || true
+    echo "--- slurmctld.log (tail)" >&2; tail -n 20 "$log_dir/slurmctld.log" >&2 2>/dev/null || true
+    echo "--- slurmd.log (tail)" >&2; tail -n 20 "$log_dir/slurmd.log" >&2 2>/dev/null || true
     die "node $host not ready after ${wait_s}s (state: ${state:-unknown})"
 }
-say "node $host is $state; $(sinfo -h -n "$host" -o '%G' 2>/dev/null) ready (hooks in $slurm_dir)"
+say "node $host is $state; $("$sinfo" -h -n "$host" -o '%G' 2>/dev/null) ready on $("$sinfo" -V 2>/dev/null) (hooks in $slurm_dir)"

@@ -27,6 +27,7 @@ from jobsight.agent.shipping.spool import Spool
 from jobsight.agent.slurm.hooks import HookSettings, run_hook, task_prolog_lines
 from jobsight.protocol.slurm_ids import job_id_from_env
 from jobsight.protocol.tokens import verify_token
+from tests.slurm.slurm_commands import SBATCH, SCONTROL
 from tests.slurm.squeue_stub import squeue_stub
 from tests.slurm.test_e2e import E2E_DIR, Cluster, cluster, job_state  # noqa: F401 (the fixture)
 
@@ -111,14 +112,14 @@ STATE_TIMEOUT_S = 60.0
 
 def _sbatch(*args: str) -> str:
     env = {"PATH": "/usr/bin:/bin", "HOME": str(E2E_DIR / "home"), "LANG": "C.UTF-8"}
-    result = subprocess.run(["/usr/bin/sbatch", "--parsable", "-D", str(E2E_DIR / "work"), *args],
+    result = subprocess.run([SBATCH, "--parsable", "-D", str(E2E_DIR / "work"), *args],
                             env=env, capture_output=True, text=True, timeout=30)
     assert result.returncode == 0, result.stderr
     return result.stdout.strip().split(";")[0]
 
 
 def _scontrol(*args: str) -> str:
-    result = subprocess.run(["/usr/bin/scontrol", *args], capture_output=True, text=True, timeout=10)
+    result = subprocess.run([SCONTROL, *args], capture_output=True, text=True, timeout=10)
     assert result.returncode == 0, f"scontrol {' '.join(args)}: {result.stderr}"
     return result.stdout
 

@@ -44,6 +44,8 @@ import pytest
 from jobsight.protocol.tokens import verify_token
 from jobsight.protocol.wire import encode_batch, now_us
 from tests.conftest import REPO, LiveCollector
+from tests.slurm import slurm_commands
+from tests.slurm.slurm_commands import SBATCH, SCONTROL, SLURMCTLD, SLURMD, SQUEUE
 
 pytestmark = pytest.mark.slurm
 
@@ -51,7 +53,7 @@ E2E_DIR = Path("/var/tmp/jobsight-e2e")
 SETUP = REPO / "tests" / "slurm" / "setup_cluster.sh"
 TRAIN = REPO / "tests" / "slurm" / "e2e_train.py"
 REGISTRATIONS = Path("/run/jobsight/jobs")
-SLURM_BINARIES = ("/usr/bin/sbatch", "/usr/bin/scontrol", "/usr/bin/squeue", "/usr/sbin/slurmctld", "/usr/sbin/slurmd")
+SLURM_BINARIES = (SBATCH, SCONTROL, SQUEUE, SLURMCTLD, SLURMD)
 JOB_TIMEOUT_S = 150.0
 DATA_TIMEOUT_S = 45.0
 REPLAY_TIMEOUT_S = 120.0
@@ -87,7 +89,8 @@ def _jobsight_bin() -> str:
 
 
 def _setup_cluster(extra: dict[str, str]) -> None:
-    env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "JOBSIGHT_BIN": _jobsight_bin(), **extra}
+    env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "JOBSIGHT_BIN": _jobsight_bin(),
+           **slurm_commands.setup_environment(), **extra}
     result = subprocess.run(["bash", str(SETUP)], env=env, capture_output=True, text=True, timeout=300)
     if result.returncode != 0:
         _unavailable(f"tests/slurm/setup_cluster.sh failed: {(result.stderr or result.stdout).strip()[-1500:]}")
@@ -101,17 +104,14 @@ def _free_port() -> int:
 
 def job_state(job: str) -> tuple[str, str]:
     """``(JobState, ExitCode)`` as Slurm's structured answer gives them (never parsed out of a line
-    that holds the job's name: the hostile tests name jobs ``JobState=NODE_FAIL ...``)."""
-    from jobsight.agent.slurm.squeue import ask_squeue
-
-    slurm_id = job if "_" not in job else _array_task_id(job)
-    fields = ask_squeue(slurm_id, "/usr/bin/squeue", 10.0)
-    return fields.get("job_state", "UNKNOWN"), fields.get("exit_code", "")
+    that holds the job's name: the hostile tests name jobs ``JobState=NODE_FAIL ...``), ended jobs
+    included on every Slurm version (:func:`tests.slurm.slurm_commands.job_state`)."""
+    return slurm_commands.job_state(job if "_" not in job else _array_task_id(job))
 
 
 def _array_task_id(task: str) -> str:
     """Slurm's own id of array task ``N_i`` (squeue -j N_i answers it)."""
-    out = subprocess.run(["/usr/bin/squeue", "-h", "-t", "all", "-j", task, "-o", "%A"], capture_output=True,
+    out = subprocess.run([SQUEUE, "-h", "-t", "all", "-j", task, "-o", "%A"], capture_output=True,
                          text=True, timeout=10).stdout.split()
     return out[0] if out else task
 
@@ -135,7 +135,7 @@ class Cluster:
         env = {"PATH": "/usr/bin:/bin", "HOME": str(E2E_DIR / "home"), "LANG": "C.UTF-8",
                "JOBSIGHT_SPOOL_DIR": str(E2E_DIR / "spool"), "E2E_STEPS": str(steps)}
         result = subprocess.run(
-            ["/usr/bin/sbatch", "--parsable", "--gres=gpu:2", "-J", name, "-t", "10",
+            [SBATCH, "--parsable", "--gres=gpu:2", "-J", name, "-t", "10",
              "-o", str(E2E_DIR / "out" / "%j.out"), "-D", str(E2E_DIR / "work"),
              "--wrap", f"exec {sys.executable} {TRAIN}"],
             env=env, capture_output=True, text=True, timeout=30,
@@ -202,8 +202,8 @@ def cluster(database_url: str, data_dir: Path, admin_token: str) -> Iterator[Clu
         library = build_fake_nvml()
     except GccMissing as exc:
         _unavailable(str(exc))
-    if subprocess.run(["/usr/bin/squeue", "-h"], capture_output=True, text=True, timeout=10).stdout.strip():
-        _unavailable("other jobs are in the Slurm queue; the end-to-end needs the test cluster to itself")
+    if queue := slurm_commands.busy_queue():
+        _unavailable(f"other jobs are in the Slurm queue; the end-to-end needs the test cluster to itself:\n{queue}")
 
     shutil.rmtree(E2E_DIR, ignore_errors=True)
     for sub in ("spool", "out", "work", "home", "daemon"):

@@ -28,6 +28,7 @@ import pytest
 
 from tests.conftest import LiveCollector
 from tests.slurm.job_page import open_job_page
+from tests.slurm.slurm_commands import SBATCH, SCANCEL, SCONTROL
 from tests.slurm.test_e2e import FINAL_STATES, SLURM_BINARIES, _free_port, _setup_cluster, _unavailable, job_state
 
 pytestmark = pytest.mark.slurm
@@ -42,9 +43,9 @@ OOM_MEM = "64M"
 
 def _memory_enforced() -> str | None:
     """``None`` when Slurm on this cluster kills a job over its ``--mem``; else why it cannot."""
-    config = subprocess.run(["/usr/bin/scontrol", "show", "config"], capture_output=True, text=True,
+    config = subprocess.run([SCONTROL, "show", "config"], capture_output=True, text=True,
                             timeout=10).stdout
-    node = subprocess.run(["/usr/bin/scontrol", "show", "node", "-o"], capture_output=True, text=True,
+    node = subprocess.run([SCONTROL, "show", "node", "-o"], capture_output=True, text=True,
                           timeout=10).stdout
     task = re.search(r"^TaskPlugin\s*=\s*(\S+)", config, re.M)
     constrained = re.search(r"^ConstrainRAMSpace\s*=\s*yes", config, re.M | re.I)
@@ -100,7 +101,7 @@ class Ends:
 
 def _submit(name: str, *args: str) -> str:
     result = subprocess.run(
-        ["/usr/bin/sbatch", "--parsable", "-J", name, "-o", str(WORK / "out" / "%j.out"), "-D", str(WORK), *args],
+        [SBATCH, "--parsable", "-J", name, "-o", str(WORK / "out" / "%j.out"), "-D", str(WORK), *args],
         env={"PATH": "/usr/bin:/bin", "HOME": str(WORK), "LANG": "C.UTF-8"}, capture_output=True, text=True,
         timeout=30)
     assert result.returncode == 0, result.stderr
@@ -136,7 +137,7 @@ def ends(database_url: str, data_dir: Path, admin_token: str) -> Iterator[Ends]:
         yield Ends(collector, database_url, jobs)
     finally:
         for job in jobs.values():
-            subprocess.run(["/usr/bin/scancel", job], capture_output=True, timeout=10)
+            subprocess.run([SCANCEL, job], capture_output=True, timeout=10)
         collector.kill()
         _setup_cluster({})  # hooks.env back to JOBSIGHT_BIN only
 
@@ -148,7 +149,7 @@ def test_scancel_after_10_s_is_cancelled(ends: Ends) -> None:
         assert time.monotonic() < deadline, f"job {job} not running: {job_state(job)}\n{ends.log()}"
         time.sleep(0.3)
     time.sleep(CANCEL_AFTER_S)  # what the issue did: a job that ran a while, then scancel
-    subprocess.run(["/usr/bin/scancel", job], check=True, timeout=10)
+    subprocess.run([SCANCEL, job], check=True, timeout=10)
     assert ends.wait_final(job)[0] == "CANCELLED"
     assert ends.stored(job) == ("cancelled", 128 + 15)
 

@@ -33,6 +33,7 @@ import pytest
 
 from jobsight.collector.store import migrate
 from tests.conftest import LiveCollector, create_database
+from tests.slurm.slurm_commands import SBATCH, SCANCEL, SCONTROL, SQUEUE, busy_queue
 from tests.slurm.test_e2e import FINAL_STATES, _free_port, _setup_cluster, _unavailable, job_state
 from tests.slurm.test_hostile_jobs import USER, ordinary_user
 from tests.slurm.test_waste_actions import BINARIES, DAEMON_BATCH_AGE_S, Daemon
@@ -53,8 +54,7 @@ COLLECTOR_ENV = {
     "JOBSIGHT_HEALTH_SAMPLE_STALE_S": "3600",
     "JOBSIGHT_ACTIONS_POLICIES": json.dumps([POLICY]), "JOBSIGHT_ACTIONS_INTERVAL_S": "1",
     "JOBSIGHT_ACTIONS_MAX_ACTIONS_PER_HOUR": "10", "JOBSIGHT_ACTIONS_STALE_AFTER_S": "5",
-    "JOBSIGHT_ACTIONS_SCANCEL": "/usr/bin/scancel", "JOBSIGHT_ACTIONS_SCONTROL": "/usr/bin/scontrol",
-    "JOBSIGHT_ACTIONS_SQUEUE": "/usr/bin/squeue",
+    "JOBSIGHT_ACTIONS_SCANCEL": SCANCEL, "JOBSIGHT_ACTIONS_SCONTROL": SCONTROL, "JOBSIGHT_ACTIONS_SQUEUE": SQUEUE,
 }
 
 
@@ -93,7 +93,7 @@ class Neighbourhood:
 def _sbatch_as_root(what: str) -> str:
     """A job of the other user (root): the victim or the bystander."""
     result = subprocess.run(
-        ["/usr/bin/sbatch", "--parsable", "--gres=gpu:1", "-t", "5", "-J", f"neighbour-{what}", "-D", str(WORK),
+        [SBATCH, "--parsable", "--gres=gpu:1", "-t", "5", "-J", f"neighbour-{what}", "-D", str(WORK),
          "-o", str(WORK / "%j.out"), "--wrap", "exec /bin/sleep 300"],
         env={"PATH": "/usr/bin:/bin", "HOME": str(WORK), "LANG": "C.UTF-8"}, capture_output=True, text=True,
         timeout=30)
@@ -164,9 +164,9 @@ def neighbourhood(postgres: Any, data_dir: Path, admin_token: str) -> Iterator[N
         library = build_fake_nvml()
     except (ImportError, GccMissing) as exc:
         _unavailable(f"the node daemon needs pynvml and the fake NVML: {exc}")
-    if subprocess.run(["/usr/bin/squeue", "-h"], capture_output=True, encoding="utf-8", errors="replace",
-                      timeout=10).stdout.strip():
-        _unavailable("other jobs are in the Slurm queue; the hostile attribution test needs the cluster to itself")
+    if queue := busy_queue():
+        _unavailable(f"other jobs are in the Slurm queue; the hostile attribution test needs the cluster to itself:\n"
+                     f"{queue}")
     user = ordinary_user()
     shutil.rmtree(WORK, ignore_errors=True)
     for sub in ("spool", "daemon", "user"):
@@ -217,7 +217,7 @@ def neighbourhood(postgres: Any, data_dir: Path, admin_token: str) -> Iterator[N
         for runner in runners:
             runner.kill()
         for job in state.jobs.values():
-            subprocess.run(["/usr/bin/scancel", "--", job], capture_output=True, timeout=10)
+            subprocess.run([SCANCEL, "--", job], capture_output=True, timeout=10)
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline and any(
                 job_state(job)[0].split("+")[0] not in FINAL_STATES for job in state.jobs.values()):

@@ -27,6 +27,7 @@ import pytest
 
 from jobsight.protocol.tokens import verify_token
 from tests.slurm.hostile_job import FORGED_UTIL
+from tests.slurm.slurm_commands import SBATCH
 from tests.slurm.test_e2e import E2E_DIR, Cluster, _unavailable, cluster, job_state  # noqa: F401 (the fixture)
 
 pytestmark = pytest.mark.slurm
@@ -64,7 +65,7 @@ class UserJobs:
     def submit(self, name: str, *command: str) -> str:
         env = {"PATH": "/usr/bin:/bin", "HOME": str(self.dir), "LANG": "C.UTF-8"}
         result = subprocess.run(
-            ["/usr/sbin/runuser", "-u", USER, "--", "/usr/bin/sbatch", "--parsable", "--gres=gpu:1", "-t", "5",
+            ["/usr/sbin/runuser", "-u", USER, "--", SBATCH, "--parsable", "--gres=gpu:1", "-t", "5",
              "-J", name, "-D", str(self.dir), "-o", str(self.dir / "%j.out"), "--wrap", " ".join(command)],
             env=env, capture_output=True, text=True, timeout=30)
         assert result.returncode == 0, result.stderr

@@ -34,11 +34,13 @@ from jobsight.collector.store import migrate
 from jobsight.collector.store.embedded_db import EmbeddedPostgres
 from jobsight.protocol.wire import encode_batch
 from tests.conftest import REPO, LiveCollector, create_database
+from tests.slurm import slurm_commands
+from tests.slurm.slurm_commands import SACCT, SBATCH, SCANCEL, SCONTROL, SLURMCTLD, SLURMD, SQUEUE
 
 pytestmark = pytest.mark.slurm
 
 SETUP = REPO / "tests" / "slurm" / "setup_cluster.sh"
-SLURM_BINARIES = ("/usr/bin/sbatch", "/usr/bin/scancel", "/usr/bin/scontrol", "/usr/sbin/slurmctld", "/usr/sbin/slurmd")
+SLURM_BINARIES = (SBATCH, SCANCEL, SCONTROL, SLURMCTLD, SLURMD)
 FINAL = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "PREEMPTED")
 JOB_TIMEOUT_S = 120.0
 RECONCILE_TIMEOUT_S = 60.0
@@ -52,7 +54,7 @@ def _unavailable(reason: str) -> None:
 
 def scontrol_job(job: str) -> dict[str, str]:
     """The job's fields as ``scontrol`` prints them, times as epoch seconds."""
-    out = subprocess.run(["/usr/bin/scontrol", "--oneliner", "show", "job", job], capture_output=True, text=True,
+    out = subprocess.run([SCONTROL, "--oneliner", "show", "job", job], capture_output=True, text=True,
                          timeout=10, env={"PATH": "/usr/bin:/bin", "SLURM_TIME_FORMAT": "%s"}).stdout
     return dict(re.findall(r"(?:^|\s)([A-Za-z]+)=(\S*)", out))
 
@@ -70,7 +72,7 @@ def wait_for_state(job: str, wanted: tuple[str, ...]) -> dict[str, str]:
 
 def submit(*wrap: str) -> str:
     result = subprocess.run(
-        ["/usr/bin/sbatch", "--parsable", "-t", "5", "-J", "reconcile-test", "-o", "/dev/null", "-D", "/tmp",
+        [SBATCH, "--parsable", "-t", "5", "-J", "reconcile-test", "-o", "/dev/null", "-D", "/tmp",
          "--wrap", " ".join(wrap)],
         env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}, capture_output=True, text=True, timeout=30)
     assert result.returncode == 0, result.stderr
@@ -84,9 +86,10 @@ def slurm() -> None:
     if missing:
         _unavailable("reconciliation against Slurm needs " + ", ".join(missing)
                      + "; run `bash tests/slurm/setup_cluster.sh` as root first")
-    ping = subprocess.run(["/usr/bin/scontrol", "ping"], capture_output=True, text=True, timeout=30)
+    ping = subprocess.run([SCONTROL, "ping"], capture_output=True, text=True, timeout=30)
     if "UP" not in ping.stdout:
-        env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "JOBSIGHT_BIN": str(Path(sys.executable).parent / "jobsight")}
+        env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "JOBSIGHT_BIN": str(Path(sys.executable).parent / "jobsight"),
+               **slurm_commands.setup_environment()}
         result = subprocess.run(["bash", str(SETUP)], env=env, capture_output=True, text=True, timeout=300)
         if result.returncode != 0:
             _unavailable(f"tests/slurm/setup_cluster.sh failed: {(result.stderr or result.stdout).strip()[-1500:]}")
@@ -99,7 +102,7 @@ def reconciling(slurm: None, postgres: EmbeddedPostgres, data_dir: Path, admin_t
     url = create_database(postgres, f"rs_{uuid.uuid4().hex[:12]}")
     migrate.upgrade(url)
     env = {"JOBSIGHT_RECONCILE_INTERVAL_S": "0.5", "JOBSIGHT_RECONCILE_GRACE_S": "3600",
-           "JOBSIGHT_RECONCILE_SACCT": "/usr/bin/sacct", "JOBSIGHT_RECONCILE_SQUEUE": "/usr/bin/squeue"}
+           "JOBSIGHT_RECONCILE_SACCT": SACCT, "JOBSIGHT_RECONCILE_SQUEUE": SQUEUE}
     collector = LiveCollector(url, data_dir, admin_token, tmp_path_factory.mktemp("reconcile") / "collector.log",
                               env=env)
     collector.start()
@@ -134,7 +137,7 @@ def reconciled(collector: LiveCollector, job: str) -> dict[str, Any]:
 
 
 def sacct_answers() -> bool:
-    return subprocess.run(["/usr/bin/sacct", "-n", "-X", "-j", "1"], capture_output=True, timeout=30).returncode == 0
+    return subprocess.run([SACCT, "-n", "-X", "-j", "1"], capture_output=True, timeout=30).returncode == 0
 
 
 def check_reconciled(collector: LiveCollector, job: str, fields: dict[str, str], state: str, code: int) -> None:
@@ -160,7 +163,7 @@ def test_a_failed_job_whose_epilog_posted_nothing_ends_failed_with_its_exit_code
 def test_a_cancelled_job_whose_epilog_posted_nothing_ends_cancelled(reconciling: LiveCollector) -> None:
     job = submit("sleep 120")
     wait_for_state(job, ("RUNNING",))
-    subprocess.run(["/usr/bin/scancel", job], check=True, timeout=30)
+    subprocess.run([SCANCEL, job], check=True, timeout=30)
     fields = wait_for_state(job, FINAL)
     assert fields["JobState"] == "CANCELLED"
     post_started(reconciling, job, fields)

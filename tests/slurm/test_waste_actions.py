@@ -48,6 +48,7 @@ import pytest
 
 from jobsight.collector.store import migrate
 from tests.conftest import REPO, LiveCollector, create_database
+from tests.slurm.slurm_commands import SALLOC, SBATCH, SCANCEL, SCONTROL, SQUEUE, busy_queue
 from tests.slurm.test_e2e import FINAL_STATES, SLURM_BINARIES, _free_port, _setup_cluster, _unavailable, job_state
 from tests.slurm.test_hostile_jobs import USER, ordinary_user
 
@@ -55,7 +56,7 @@ pytestmark = pytest.mark.slurm
 
 WORK = Path("/var/tmp/jobsight-waste")
 REGISTRATIONS = Path("/run/jobsight/jobs")
-BINARIES = (*SLURM_BINARIES, "/usr/bin/salloc", "/usr/bin/scancel", "/usr/sbin/runuser")
+BINARIES = (*SLURM_BINARIES, SALLOC, SCANCEL, "/usr/sbin/runuser")
 
 POLICY = "idle-cancel"
 DRY_POLICY = "idle-dry"
@@ -83,8 +84,8 @@ COLLECTOR_ENV = {
     "JOBSIGHT_HEALTH_SAMPLE_STALE_S": "3600",
     "JOBSIGHT_ACTIONS_POLICIES": json.dumps(POLICIES), "JOBSIGHT_ACTIONS_INTERVAL_S": "1",
     "JOBSIGHT_ACTIONS_MAX_ACTIONS_PER_HOUR": "10", "JOBSIGHT_ACTIONS_STALE_AFTER_S": str(STALE_S),
-    "JOBSIGHT_ACTIONS_SCANCEL": "/usr/bin/scancel", "JOBSIGHT_ACTIONS_SCONTROL": "/usr/bin/scontrol",
-    "JOBSIGHT_ACTIONS_SQUEUE": "/usr/bin/squeue", "JOBSIGHT_ACTIONS_ACCOUNTS_ENFORCED": "true",
+    "JOBSIGHT_ACTIONS_SCANCEL": SCANCEL, "JOBSIGHT_ACTIONS_SCONTROL": SCONTROL,
+    "JOBSIGHT_ACTIONS_SQUEUE": SQUEUE, "JOBSIGHT_ACTIONS_ACCOUNTS_ENFORCED": "true",
 }
 REASON = re.compile(r"^jobsight: GPUs idle \d+ min \(policy " + re.escape(POLICY) + r"\)$")
 SITE_COMMENT = "site: keep"
@@ -95,8 +96,9 @@ WAIT_S = 60.0
 def _slurm_job(job: str) -> dict[str, Any]:
     """The job as ``squeue --json`` has it (its ``admin_comment`` too); ``{}`` when Slurm forgot it."""
     # Read as UTF-8 with U+FFFD: Slurm 22.05 answers with every job it remembers, and the hostile tests'
-    # job named with bytes that are not UTF-8 may be among them.
-    out = subprocess.run(["/usr/bin/squeue", "--json", "-j", job], capture_output=True, encoding="utf-8",
+    # job named with bytes that are not UTF-8 may be among them. --states=all: 26.05 answers a job that
+    # has ended (a cancelled one whose admin_comment is read) only with it; 22.05 takes it too.
+    out = subprocess.run([SQUEUE, "--json", "--states=all", "-j", job], capture_output=True, encoding="utf-8",
                          errors="replace", timeout=10,
                          env={"PATH": "/usr/bin:/bin"}).stdout
     jobs = json.loads(out or "{}").get("jobs", [])
@@ -147,7 +149,7 @@ class Waste:
 
     def sbatch(self, what: str, *args: str) -> str:
         result = subprocess.run(
-            ["/usr/sbin/runuser", "-u", USER, "--", "/usr/bin/sbatch", "--parsable", "--gres=gpu:1", "-t", "5",
+            ["/usr/sbin/runuser", "-u", USER, "--", SBATCH, "--parsable", "--gres=gpu:1", "-t", "5",
              "-J", f"waste-{what}", "-D", str(self.user_dir), "-o", str(self.user_dir / "%j.out"), *args,
              "--wrap", "exec /bin/sleep 300"],
             env={"PATH": "/usr/bin:/bin", "HOME": str(self.user_dir), "LANG": "C.UTF-8"}, cwd=self.user_dir,
@@ -159,7 +161,7 @@ class Waste:
     def salloc(self, what: str, limit: str = "5") -> str:
         """An interactive allocation with no shell: salloc returns once the prolog ran; the job runs on."""
         result = subprocess.run(
-            ["/usr/sbin/runuser", "-u", USER, "--", "/usr/bin/salloc", "--no-shell", "--gres=gpu:1", "-t", limit,
+            ["/usr/sbin/runuser", "-u", USER, "--", SALLOC, "--no-shell", "--gres=gpu:1", "-t", limit,
              "-J", f"waste-{what}"],
             env={"PATH": "/usr/bin:/bin", "HOME": str(self.user_dir), "LANG": "C.UTF-8"}, cwd=self.user_dir,
             stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=90)
@@ -170,7 +172,7 @@ class Waste:
 
     def admin_comment(self, what: str, text: str) -> None:
         """Set the job's ``AdminComment`` as the site's admin (root) does."""
-        result = subprocess.run(["/usr/bin/scontrol", "update", f"JobId={self.jobs[what]}", f"AdminComment={text}"],
+        result = subprocess.run([SCONTROL, "update", f"JobId={self.jobs[what]}", f"AdminComment={text}"],
                                 capture_output=True, text=True, timeout=10)
         assert result.returncode == 0, result.stderr
 
@@ -178,7 +180,7 @@ class Waste:
         return job_state(self.jobs[what])[0].split("+")[0]
 
     def cancel(self, what: str) -> None:
-        subprocess.run(["/usr/bin/scancel", self.jobs[what]], capture_output=True, timeout=10)
+        subprocess.run([SCANCEL, self.jobs[what]], capture_output=True, timeout=10)
         self.wait(f"job {what} ended", lambda: self.state(what) in FINAL_STATES)
 
     # -- the collector ---------------------------------------------------------------------------
@@ -244,9 +246,9 @@ def waste(postgres: Any, data_dir: Path, admin_token: str) -> Iterator[Waste]:
         library = build_fake_nvml()
     except (ImportError, GccMissing) as exc:
         _unavailable(f"the node daemon needs pynvml and the fake NVML: {exc}")
-    if subprocess.run(["/usr/bin/squeue", "-h"], capture_output=True, encoding="utf-8", errors="replace",
-                      timeout=10).stdout.strip():
-        _unavailable("other jobs are in the Slurm queue; the waste-policy tests need the test cluster to themselves")
+    if queue := busy_queue():
+        _unavailable(f"other jobs are in the Slurm queue; the waste-policy tests need the test cluster to themselves:\n"
+                     f"{queue}")
     user = ordinary_user()
 
     shutil.rmtree(WORK, ignore_errors=True)
@@ -290,7 +292,7 @@ def waste(postgres: Any, data_dir: Path, admin_token: str) -> Iterator[Waste]:
         yield state
     finally:
         for job in state.jobs.values():
-            subprocess.run(["/usr/bin/scancel", job], capture_output=True, timeout=10)
+            subprocess.run([SCANCEL, job], capture_output=True, timeout=10)
         # Out of the queue (epilogs run) before the collector goes and the next Slurm module starts.
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline and any(
@@ -411,7 +413,7 @@ def test_a_job_id_spelt_as_an_option_cancels_none_of_the_users_jobs(waste: Waste
     assert running, f"none of the user's jobs runs\n{waste.diagnostics()}"
     hostile = f"--user={USER}"
     settings = load_action_settings(
-        policies=POLICIES, scancel="/usr/bin/scancel", scontrol="/usr/bin/scontrol", squeue="/usr/bin/squeue",
+        policies=POLICIES, scancel=SCANCEL, scontrol=SCONTROL, squeue=SQUEUE,
         accounts_enforced=True, max_actions_per_hour=100, stale_after_s=STALE_S)
     with psycopg.connect(waste.database_url, row_factory=dict_row) as conn:
         conn.execute("""INSERT INTO jobs (cluster, job_id, user_name, nodes, state, batch, time_limit_s, partition)

@@ -13,6 +13,7 @@ import time
 import pytest
 
 from tests.slurm.job_page import open_job_page
+from tests.slurm.slurm_commands import SBATCH, SCANCEL
 from tests.slurm.test_e2e import E2E_DIR, Cluster, cluster, job_state  # noqa: F401 (the fixture)
 
 pytest.importorskip("torch", reason="torch is not installed (pip install 'jobsight[frameworks]')")
@@ -39,7 +40,7 @@ def test_a_job_without_the_callback_is_profiled_from_the_job_page(
     script.write_text(PLAIN_LOOP)
     env = {"PATH": "/usr/bin:/bin", "HOME": str(E2E_DIR / "home"), "LANG": "C.UTF-8"}
     submitted = subprocess.run(
-        ["/usr/bin/sbatch", "--parsable", "--gres=gpu:1", "-J", "plain", "-t", "5", "-D", str(E2E_DIR / "work"),
+        [SBATCH, "--parsable", "--gres=gpu:1", "-J", "plain", "-t", "5", "-D", str(E2E_DIR / "work"),
          "-o", str(E2E_DIR / "out" / "%j.out"), "--wrap", f"exec {sys.executable} {script}"],
         env=env, capture_output=True, text=True, timeout=30)
     assert submitted.returncode == 0, submitted.stderr
@@ -57,7 +58,7 @@ def test_a_job_without_the_callback_is_profiled_from_the_job_page(
             "SELECT count(*) FROM profiles WHERE job_id = %s", job)), timeout=45)
         took = time.monotonic() - started
     finally:
-        subprocess.run(["/usr/bin/scancel", job], timeout=10, check=False)
+        subprocess.run([SCANCEL, job], timeout=10, check=False)
     rank, pid, summary = cluster.query("SELECT rank, pid, summary FROM profiles WHERE job_id = %s", job)[0]
     assert rank == 0 and pid > 0 and summary["source"] == "kineto", summary
     assert any(op["name"].startswith("aten::") for op in summary["ops_by_self_cpu"])

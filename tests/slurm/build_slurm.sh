@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# Build and install Slurm 26.05.3 into /opt/slurm-26.05 for the real-Slurm tests on today's Slurm
+# (tests/slurm/, run by .ci/run after Debian's 22.05), unless that prefix already holds it.
+# Usage: build_slurm.sh [path to slurm-26.05.3.tar.gz]
+# The tarball is Slurm's source as tagged upstream (GPL-2.0; it runs as the test cluster's own
+# daemons and commands, nothing of it enters this repository). Needs root (apt-get, make install).
+# About 5.5 minutes on 2 cores. The configuration lives in <prefix>/etc (setup_cluster.sh writes it).
+set -euo pipefail
+
+version=26.05.3
+prefix="${SLURM_PREFIX:-/opt/slurm-26.05}"
+tarball="${1:-${SLURM_TARBALL:-}}"
+say() { echo "build_slurm: $*"; }
+
+export DEBIAN_FRONTEND=noninteractive
+# The build dependencies of ../shared/vendor/README.md (munge: the daemon, shared with Debian's Slurm).
+packages=(build-essential pkg-config libjson-c-dev libmunge-dev libyaml-dev liblz4-dev libreadline-dev
+          libssl-dev libdbus-1-dev libbpf-dev munge)
+missing=()
+for p in "${packages[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ "${#missing[@]}" -gt 0 ]; then
+    say "installing ${missing[*]}"
+    apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null \
+        || { apt-get update -qq && apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null; }
+fi
+
+# `slurmd -V` prints "slurm 26.05.3": an install of another version (or a half-finished one) is rebuilt.
+if [ -x "$prefix/sbin/slurmd" ] && [ "$("$prefix/sbin/slurmd" -V 2>/dev/null)" = "slurm $version" ]; then
+    say "Slurm $version already installed in $prefix; nothing to build"
+    exit 0
+fi
+if [ -z "$tarball" ] || [ ! -f "$tarball" ]; then
+    say "no Slurm source tarball (give its path, or SLURM_TARBALL): '$tarball'" >&2
+    exit 2
+fi
+
+work="$(mktemp -d)"
+trap 'rm -rf "$work"' EXIT
+tar xzf "$tarball" -C "$work"
+src="$(find "$work" -mindepth 1 -maxdepth 1 -type d -name 'slurm-*' | head -n1)"
+[ -n "$src" ] || { say "no slurm-* folder in $tarball" >&2; exit 1; }
+cd "$src"
+say "configuring Slurm $version for $prefix"
+./configure --prefix="$prefix" --sysconfdir="$prefix/etc" --with-munge --with-json \
+    >"$work/configure.log" 2>&1 || { tail -30 "$work/configure.log"; exit 1; }
+say "building (make -j2; several minutes)"
+make -j2 >"$work/make.log" 2>&1 || { tail -40 "$work/make.log"; exit 1; }
+make install >"$work/install.log" 2>&1 || { tail -20 "$work/install.log"; exit 1; }
+install -d -m 0755 "$prefix/etc"
+say "installed $("$prefix/sbin/slurmd" -V) in $prefix"
