@@ -29,7 +29,7 @@ from jobsight.agent.node.kineto_process import ProcessJob, job_of_process
 from jobsight.agent.node.registrations import Registration
 from jobsight.agent.node.slurm_cgroups import JobFolder, find_job_dirs, folders_of, parse_cgroup, pids_by_job
 from tests.slurm.slurm_commands import SBATCH, SCANCEL, SINFO
-from tests.slurm.test_e2e import SLURM_BINARIES, _unavailable
+from tests.slurm.test_e2e import FINAL_STATES, SLURM_BINARIES, _unavailable, job_state
 
 pytestmark = pytest.mark.slurm
 
@@ -76,7 +76,12 @@ def jobs() -> Iterator[dict[str, tuple[str, int]]]:
     try:
         yield {name: (job, _pid_of(name, job)) for name, job in submitted.items()}
     finally:
-        subprocess.run([SCANCEL, *submitted.values()], capture_output=True, timeout=30)
+        subprocess.run([SCANCEL, "--", *submitted.values()], capture_output=True, timeout=30)
+        # Out of the queue (epilogs run) before the next module wants the cluster to itself.
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and any(
+                job_state(job)[0] not in FINAL_STATES for job in submitted.values()):
+            time.sleep(0.3)
 
 
 def test_a_real_jobs_cgroup_is_read_by_the_reader_and_its_users(jobs: dict[str, tuple[str, int]]) -> None:

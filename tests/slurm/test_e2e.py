@@ -313,9 +313,18 @@ def test_a_job_token_cannot_write_into_the_other_job(cluster: Cluster, two_jobs:
     assert cluster.scalar("SELECT count(*) FROM log_events WHERE job_id = %s AND message = 'intruder'", second) == 0
 
 
+SUMMARY_COUNTS_GPUS = ("SELECT jsonb_array_length(summary -> 'gpus') = %s AND NOT summary ? 'refresh_due' "
+                       "FROM job_summaries WHERE job_id = %s")
+"""Whether a job's summary lists this many GPUs and counts every row stored (no refresh pending)."""
+
+
 def test_both_jobs_have_summaries_and_reports(cluster: Cluster, two_jobs: tuple[str, str]) -> None:
     for job in two_jobs:
         allocated = sorted(int(g) for g in cluster.jobs[job]["SLURM_JOB_GPUS"].split(","))
+        # The node daemon's last samples may come after the epilog's summary: the refresh pass counts them.
+        gpus = len(allocated)
+        cluster.wait_for(f"job {job}'s summary with its GPUs",
+                         lambda job=job, gpus=gpus: bool(cluster.scalar(SUMMARY_COUNTS_GPUS, gpus, job)))
         count, flags, summary = cluster.query(
             "SELECT gpu_count, flags, summary FROM job_summaries WHERE job_id = %s", job)[0]
         assert count == 2 and isinstance(flags, list)
