@@ -73,8 +73,13 @@ class BackgroundPowerReader:
             self._thread = threading.Thread(target=self._run, name=f"jobsight-power-{self.name}", daemon=True)
             self._thread.start()
 
-    def stop(self) -> None:
+    def stop(self, wait_s: float = 1.0) -> None:
+        """Stop reading; wait up to ``wait_s`` for a read in flight to end, so that nothing is said
+        after the source was closed (a hung BMC's read is left to its own timeout)."""
         self._stop.set()
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(wait_s)
 
     def read_once(self) -> None:
         """One read, its outcome kept and said as :meth:`_run` would (the thread's body; tests call it)."""
