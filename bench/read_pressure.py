@@ -3,11 +3,13 @@
 Starts its own stack (embedded PostgreSQL and a collector with the default settings), stores the job
 of issue #40's report: 16,000 epochs (a step each) over 2,882 GPU samples with energy counters,
 registered on node ``n1``. Then node ``n1`` posts one-sample batches of the job with its node token,
-one after another over one keep-alive connection: first alone, then while ``--readers`` threads
+one after another over one keep-alive connection: first alone, then while ``--readers`` processes
 (default 8, the size the collector's one pool had) each ask for ``GET /v1/jobs/{job}/epochs`` with
 the job's token, again and again. Prints node ingest p50 and p99 of both, their ratio, the answers
 that were not 200, and what the reads cost and answered.
-Usage: python bench/read_pressure.py [batches] [--readers N] [--epochs N] [--samples N]
+With ``--read ''`` the readers ask for the job itself (``GET /v1/jobs/{job}``), a light read, to
+compare: what ingest meets under as many ordinary reads.
+Usage: python bench/read_pressure.py [batches] [--readers N] [--epochs N] [--samples N] [--read epochs|'']
 """
 
 from __future__ import annotations
@@ -15,12 +17,13 @@ from __future__ import annotations
 import argparse
 import http.client
 import json
+import multiprocessing
+import os
 import statistics
 import sys
-import threading
 import time
 from collections import Counter
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
@@ -88,13 +91,40 @@ def ingest(stack: Stack, token: str, batches: int, first_seq: int) -> tuple[list
     return took, statuses
 
 
-def read_until(stack: Stack, token: str, stop: threading.Event) -> list[tuple[int, float, bytes]]:
-    """The heaviest read a job token can make, again and again until ``stop``."""
-    client = Client(stack, token)
+def read_until(url: str, token: str, path: str, stop: Any) -> list[tuple[int, float]]:
+    """The heaviest read a job token can make, again and again until ``stop``: each answer's status and
+    time. Runs in a process of its own at the lowest CPU priority: on a site the readers are other
+    machines, here they share the collector's cores, and their own work must not be counted as the
+    collector's slowness."""
+    os.nice(19)
+    target = urlparse(url)
+    conn = http.client.HTTPConnection(target.hostname, target.port, timeout=600)
     answers = []
     while not stop.is_set():
-        answers.append(client.get(f"/v1/jobs/{JOB}/epochs"))
+        began = time.perf_counter()
+        conn.request("GET", path, headers={"Authorization": f"Bearer {token}"})
+        response = conn.getresponse()
+        response.read()
+        answers.append((response.status, time.perf_counter() - began))
     return answers
+
+
+def cpu_seconds(pid: int | None, *, with_children: bool = False) -> float:
+    """User + system CPU seconds of ``pid`` (and of its live children: a PostgreSQL server's backends)."""
+    if pid is None:
+        return 0.0
+    ticks = os.sysconf("SC_CLK_TCK")
+    total = 0.0
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(entry.name) == pid or (with_children and int(fields[1]) == pid):
+            total += (int(fields[11]) + int(fields[12])) / ticks
+    return total
 
 
 def percentile(values: list[float], share: float) -> float:
@@ -115,6 +145,9 @@ def main() -> None:
     parser.add_argument("batches", type=int, nargs="?", default=300)
     parser.add_argument("--readers", type=int, default=8)
     parser.add_argument("--epochs", type=int, default=16_000)
+    parser.add_argument("--read", choices=["epochs", ""], default="epochs",
+                        help="what the readers ask for: the job's epochs (the heaviest read), or '' for the job "
+                             "itself (a light read, to compare with)")
     parser.add_argument("--samples", type=int, default=2_882)
     args = parser.parse_args()
     with running_stack() as stack:
@@ -136,20 +169,33 @@ def main() -> None:
 
         ingest(stack, node_token, 20, 1)  # warm-up: connections, the allocation cache
         quiet, quiet_statuses = ingest(stack, node_token, args.batches, 1_000)
-        stop = threading.Event()
-        with ThreadPoolExecutor(args.readers) as readers:
-            reads = [readers.submit(read_until, stack, job_token, stop) for _ in range(args.readers)]
-            time.sleep(1.0)  # every reader has a read in the database
+        spawn = multiprocessing.get_context("spawn")
+        stop = spawn.Manager().Event()
+        collector_pid = stack.process.pid if stack.process else None
+        with ProcessPoolExecutor(args.readers, mp_context=spawn) as readers:
+            path = f"/v1/jobs/{JOB}/{args.read}".rstrip("/")
+            reads = [readers.submit(read_until, stack.url, job_token, path, stop) for _ in range(args.readers)]
+            time.sleep(3.0)  # every reader started and has a read in the collector
+            cpu_before = (cpu_seconds(collector_pid), cpu_seconds(collector_pid, with_children=True),
+                          cpu_seconds(stack.postgres_pid(), with_children=True))
+            began = time.perf_counter()
             busy, busy_statuses = ingest(stack, node_token, args.batches, 100_000)
+            busy_s = time.perf_counter() - began
+            collector_cpu = cpu_seconds(collector_pid) - cpu_before[0]
+            workers_cpu = cpu_seconds(collector_pid, with_children=True) - cpu_before[1] - collector_cpu
+            postgres_cpu = cpu_seconds(stack.postgres_pid(), with_children=True) - cpu_before[2]
             stop.set()
             answers = [a for r in reads for a in r.result()]
         read_statuses = Counter(a[0] for a in answers)
         read_times = [a[1] for a in answers if a[0] == 200]
         print(f"node ingest alone:                {describe(quiet, quiet_statuses)}")
-        print(f"node ingest with {args.readers} heavy reads: {describe(busy, busy_statuses)}")
+        print(f"node ingest with {args.readers} {'heavy' if args.read else 'light'} reads: "
+              f"{describe(busy, busy_statuses)}")
         if quiet and busy:
             print(f"ratio with reads / alone: p50 {statistics.median(busy) / statistics.median(quiet):.1f}x, "
                   f"p99 {percentile(busy, 0.99) / percentile(quiet, 0.99):.1f}x")
+        print(f"CPU while reads ran ({busy_s:.1f} s): collector process {collector_cpu:.1f} s, its read workers "
+              f"{workers_cpu:.1f} s, PostgreSQL {postgres_cpu:.1f} s")
         print(f"reads meanwhile: {len(answers)} answered {dict(read_statuses)}"
               + (f", p50 {statistics.median(read_times):.2f} s" if read_times else ""))
 

@@ -32,6 +32,7 @@ from jobsight.collector.api.routes import (
 from jobsight.collector.api.telemetry import CollectorMetrics
 from jobsight.collector.config.settings import CollectorSettings, SettingsError, load_collector_settings
 from jobsight.collector.passes.timers import start_passes
+from jobsight.collector.query.read_workers import ReadWorkers
 from jobsight.collector.store.db import INGEST_POOL, READ_POOL, autocommit_connection, open_pool
 from jobsight.collector.store.migrate import schema_is_current
 from jobsight.collector.store.partitions import PartitionKeeper
@@ -67,6 +68,8 @@ def create_app(settings: CollectorSettings | None = None) -> FastAPI:
         app.state.pool = open_pool(database_url, settings.pool_size, name=INGEST_POOL)
         app.state.read_pool = open_pool(database_url, settings.read_pool_size,
                                         statement_timeout_s=settings.read_statement_timeout_s, name=READ_POOL)
+        app.state.read_workers = ReadWorkers(database_url, settings.heavy_reads, settings.read_statement_timeout_s,
+                                             settings.heavy_read_niceness)
         with autocommit_connection(app.state.pool) as conn:
             app.state.partitions.load(conn)
             app.state.partitions.ensure_ahead(conn, settings.partitions_ahead_days)
@@ -76,6 +79,7 @@ def create_app(settings: CollectorSettings | None = None) -> FastAPI:
             yield
         finally:
             stop.set()
+            app.state.read_workers.close()
             app.state.read_pool.close()
             app.state.pool.close()
 

@@ -13,6 +13,7 @@ from jobsight.collector.api.auth import Authenticator, Principal
 from jobsight.collector.api.errors import ReadsBusy
 from jobsight.collector.api.telemetry import CollectorMetrics
 from jobsight.collector.config.settings import CollectorSettings
+from jobsight.collector.query.read_workers import ReadWorkers
 from jobsight.collector.store.db import Connection
 from jobsight.collector.store.partitions import PartitionKeeper
 
@@ -37,15 +38,16 @@ def get_ingest_pool(request: Request) -> ConnectionPool[Connection]:
 HEAVY_READ_WAIT_S = 5.0
 
 
-def heavy_read_turn(request: Request) -> Iterator[None]:
-    """A turn among the heavy reads of this process (``heavy_reads`` at once), held for the request;
-    :class:`~jobsight.collector.api.errors.ReadsBusy` (503) when none comes within
-    :data:`HEAVY_READ_WAIT_S`."""
+def heavy_read_turn(request: Request) -> Iterator[ReadWorkers]:
+    """A turn among the heavy reads of this process (``heavy_reads`` at once), held for the request: the
+    read workers, one of which is then free for it; :class:`~jobsight.collector.api.errors.ReadsBusy`
+    (503) when no turn comes within :data:`HEAVY_READ_WAIT_S`."""
     turns: threading.BoundedSemaphore = request.app.state.heavy_reads
     if not turns.acquire(timeout=HEAVY_READ_WAIT_S):
         raise ReadsBusy(f"too many heavy reads at once ({request.app.state.settings.heavy_reads} per process)")
     try:
-        yield
+        workers: ReadWorkers = request.app.state.read_workers
+        yield workers
     finally:
         turns.release()
 
@@ -73,7 +75,7 @@ def get_authenticator(request: Request) -> Authenticator:
 Settings = Annotated[CollectorSettings, Depends(get_settings)]
 ReadPool = Annotated[ConnectionPool[Any], Depends(get_read_pool)]
 IngestPool = Annotated[ConnectionPool[Any], Depends(get_ingest_pool)]
-HeavyReadTurn = Annotated[None, Depends(heavy_read_turn)]
+HeavyReadTurn = Annotated[ReadWorkers, Depends(heavy_read_turn)]
 Metrics = Annotated[CollectorMetrics, Depends(get_metrics)]
 Keeper = Annotated[PartitionKeeper, Depends(get_keeper)]
 CurrentPrincipal = Annotated[Principal, Depends(get_principal)]

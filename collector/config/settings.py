@@ -74,8 +74,12 @@ class CollectorSettings(TomlTableSettings):
     """A read's statement is cancelled after this long (PostgreSQL's ``statement_timeout`` on the read
     connections) and answered 503 naming the timeout: no read, however large the job, runs for longer."""
     heavy_reads: int = Field(2, ge=1, le=64)
-    """Heavy reads (a job's epochs) one collector process works on at once; more wait up to 5 s for a
-    turn, then are answered 503. Their CPU is taken from the process that answers ingest."""
+    """Heavy reads (a job's epochs) one collector process works on at once, each in a worker process of
+    its own (started on first use, one read connection each); more wait up to 5 s for a turn, then are
+    answered 503."""
+    heavy_read_niceness: int = Field(10, ge=0, le=19)
+    """How much the heavy-read workers' ``nice`` is raised: the kernel gives the process that answers
+    ingest the CPU before them (0: the same priority)."""
     max_epochs_per_read: int = Field(1000, ge=1, le=1_000_000)
     """Epochs one ``GET /v1/jobs/{job}/epochs`` answers at most (the job's records set how many it
     has); the answer says how many were left out."""

@@ -133,6 +133,58 @@ def test_eight_heavy_reads_at_once_leave_node_ingest_answering(
         assert body["epochs_left_out"]["epochs"] == EPOCHS - 1000
 
 
+def _cpu_and_nice(pid: int) -> tuple[float, int]:
+    """A process's user + system CPU seconds and its nice value, from ``/proc/<pid>/stat``."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK"), int(fields[16])
+
+
+def _workers(pid: int) -> list[int]:
+    """The processes ``pid`` started with multiprocessing's ``spawn`` (not its resource tracker)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid \
+                    and b"spawn_main" in (entry / "cmdline").read_bytes():
+                found.append(int(entry.name))
+        except OSError:
+            continue
+    return found
+
+
+def test_heavy_reads_work_in_processes_of_lower_priority_than_ingest(
+    start_collector: Callable[[dict[str, str]], LiveCollector], admin_token: str
+) -> None:
+    """The CPU of the epochs reads is spent in the collector's read workers, processes whose nice is
+    raised (``heavy_read_niceness``, 10), not in the process that answers ingest: its interpreter lock
+    and its core stay ingest's (bench/read_pressure.py measures the latency this keeps). Before, every
+    read's Python work ran in the ingest process and there were no such processes."""
+    collector = start_collector({"JOBSIGHT_HEAVY_READS": "2"})
+    assert collector.process is not None
+    job, job_token = _seeded(collector, admin_token)
+    epochs = _epochs_read(collector, job, job_token)
+    assert epochs().status_code == 200  # the first read starts a worker (its start-up is not a read's cost)
+    workers = _workers(collector.process.pid)
+    assert workers, "no read worker process beside the collector"
+    assert all(_cpu_and_nice(w)[1] >= 10 for w in workers), [_cpu_and_nice(w) for w in workers]
+
+    main_before = _cpu_and_nice(collector.process.pid)[0]
+    workers_before = sum(_cpu_and_nice(w)[0] for w in workers)
+    for _ in range(10):
+        answer = epochs()
+        assert answer.status_code == 200 and len(answer.json()["epochs"]) == 1000
+    main_spent = _cpu_and_nice(collector.process.pid)[0] - main_before
+    workers_spent = sum(_cpu_and_nice(w)[0] for w in _workers(collector.process.pid) if w in workers) - workers_before
+    assert workers_spent > main_spent, (workers_spent, main_spent)
+
+    collector.process.kill()  # SIGKILL: no shutdown runs, and the workers still end with their collector
+    collector.process.wait()
+    deadline = time.monotonic() + 30  # a limit on the wait, not a timed assert
+    while any(Path(f"/proc/{w}").exists() for w in workers):
+        assert time.monotonic() < deadline, f"read workers {workers} outlived their collector"
+        time.sleep(0.1)
+
+
 def test_a_read_past_the_statement_timeout_is_503_naming_it(
     database_url: str, data_dir: Path, admin_token: str, job_id: str
 ) -> None:

@@ -5,13 +5,11 @@ from __future__ import annotations
 
 from typing import Any
 
-import orjson
 from fastapi import APIRouter, Response
 
 from jobsight.collector.api.deps import HeavyReadTurn, ReadPool, Settings
 from jobsight.collector.api.job_access import ReadableJob
 from jobsight.collector.jobs import summaries
-from jobsight.collector.query import epoch_energy
 from jobsight.collector.query.job_energy import carbon_of, job_energy
 from jobsight.collector.store.db import unit_of_work
 
@@ -19,7 +17,7 @@ router = APIRouter(prefix="/v1/jobs", tags=["read"])
 
 
 @router.get("/{job_id}/epochs", response_class=Response)
-def get_epochs(job: ReadableJob, pool: ReadPool, settings: Settings, _turn: HeavyReadTurn) -> Response:
+def get_epochs(job: ReadableJob, settings: Settings, workers: HeavyReadTurn) -> Response:
     """Per training epoch: start, end, duration, steps, samples and samples/s, energy in J and
     kWh, J per sample, mean power, and how the energy was found (``method``: ``counter``, or
     ``power integral`` for GPUs without an energy counter, or both). The energy before the first
@@ -28,12 +26,10 @@ def get_epochs(job: ReadableJob, pool: ReadPool, settings: Settings, _turn: Heav
     the time after it and the total are still growing (``growing``). At most ``max_epochs_per_read``
     epochs are listed, the latest: ``epochs_left_out`` is the earlier ones as one span, with how many
     (``None``: none left out), and ``epoch_count`` all of them."""
-    with unit_of_work(pool) as conn:
-        answer = epoch_energy.job_epochs(conn, job.cluster, job.job_id, running=job.row["state"] == "running",
-                                         max_epochs=settings.max_epochs_per_read)
-    # orjson, not FastAPI's encoder: a thousand epochs took the encoder longer than reading them, and a
-    # read's CPU is taken from the event loop that answers ingest.
-    return Response(orjson.dumps(answer), media_type="application/json")
+    # Read in a worker process (query/read_workers.py): its CPU is not the ingest process's.
+    answer = workers.epochs_json(job.cluster, job.job_id, running=job.row["state"] == "running",
+                                 max_epochs=settings.max_epochs_per_read)
+    return Response(answer, media_type="application/json")
 
 
 @router.get("/{job_id}/energy")
