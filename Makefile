@@ -22,8 +22,8 @@ test: $(STAMP)
 	$(BIN)/python -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
 
 lint: $(STAMP)
-	$(BIN)/ruff check jobsight/*.py jobsight/protocol jobsight/commands agent collector dashboard tests bench
-	$(BIN)/mypy --strict -p jobsight.protocol -p jobsight.agent -p jobsight.collector -p jobsight.commands
+	$(BIN)/ruff check jobsight/*.py jobsight/protocol jobsight/rules jobsight/commands agent collector dashboard tests bench
+	$(BIN)/mypy --strict -p jobsight.protocol -p jobsight.rules -p jobsight.agent -p jobsight.collector -p jobsight.commands
 
 bench: $(STAMP)
 	$(BIN)/python bench/ingest.py

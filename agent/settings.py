@@ -1,7 +1,7 @@
 """Agent settings: one typed object from ``JOBSIGHT_*`` env vars and an optional TOML file.
 
 The agent runs inside researchers' jobs, so a bad value never raises: it is
-warned about once and the default is used (STYLE rule 2).
+warned about once and the default is used (CONTRIBUTING rule 2).
 """
 
 from __future__ import annotations
@@ -82,16 +82,16 @@ class AgentSettings:
     :data:`KINETO_SOCKET_DIR_MAX_BYTES`. ``None`` (in code only) means the abstract name."""
     kineto_abstract_socket: bool = False
     """Opt-in: serve the abstract name ``@dynolog`` that every process of the node can reach, as
-    Dynolog does, instead of the per-user socket files (README, "Profiling without code changes",
-    says what a site gives up with it)."""
+    Dynolog does, instead of the per-user socket files (docs/profiling.md says what a site gives up
+    with it)."""
     kineto_trace_dir: str = "/var/lib/jobsight/traces"
     """Node-local directory of the traces being written (root's, 0711), one 0700 directory per job,
     owned by its user."""
     kineto_trace_cap_bytes: int = 64 * 1024 * 1024
     """A trace larger than this is refused (read no further) and its request fails."""
     power_source: str = "none"
-    """The node's power beside its GPUs: ``rapl``, ``ipmi``, ``redfish`` or ``none`` (README, "Energy
-    and emissions"); the node daemon splits it across the node's jobs by CPU time."""
+    """The node's power beside its GPUs: ``rapl``, ``ipmi``, ``redfish`` or ``none`` (docs/energy.md); the
+    node daemon splits it across the node's jobs by CPU time."""
     power_idle_split: str = "cores"
     """The node's idle power: shared by the jobs' allocated cores (``cores``) or left unassigned (``none``)."""
     power_interval_s: float = 10.0

@@ -127,7 +127,7 @@ def bench_nvml(ticks: int, work: Path, settings: AgentSettings) -> None:
         print(f"nvml: fake library unavailable ({exc}); skipped")
         return
     from jobsight.agent.node.daemon import NodeDaemon
-    from jobsight.agent.node.nvml import NvmlSampler
+    from jobsight.agent.node.gpu.sampler import NvmlSampler
     from jobsight.agent.node.registrations import Registration, write_registration
 
     os.environ["FAKE_NVML_SCENARIO"] = str(REPO / "tests" / "fake_nvml" / "scenarios" / "four_gpus.json")
@@ -213,7 +213,7 @@ def bench_faults(ticks: int, work: Path, settings: AgentSettings) -> None:
     if library is None:
         return
     from jobsight.agent.node.daemon import NodeDaemon
-    from jobsight.agent.node.nvml import NvmlSampler
+    from jobsight.agent.node.gpu.sampler import NvmlSampler
 
     jobs = _hgx_node(work, "fault-jobs")
     shipper = Shipper(settings, use_spool=False)
@@ -268,10 +268,10 @@ def bench_power(ticks: int, work: Path, settings: AgentSettings) -> None:
     if library is None:
         return
     from jobsight.agent.node.daemon import NodeDaemon
-    from jobsight.agent.node.node_energy import BmcPower, NodeEnergy
-    from jobsight.agent.node.node_power import BackgroundPowerReader
-    from jobsight.agent.node.nvml import NvmlSampler
-    from jobsight.agent.node.power_rapl import RaplCounters
+    from jobsight.agent.node.gpu.sampler import NvmlSampler
+    from jobsight.agent.node.power.node_energy import BmcPower, NodeEnergy
+    from jobsight.agent.node.power.rapl import RaplCounters
+    from jobsight.agent.node.power.reader import BackgroundPowerReader
 
     jobs = _hgx_node(work, "power-jobs")
     powercap = work / "powercap"

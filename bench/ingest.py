@@ -1,6 +1,6 @@
 """Collector ingest throughput against raw COPY, measured in the same run.
 
-The collector (``--workers 2`` by default: one per core of a two-core machine, as the README
+The collector (``--workers 2`` by default: one per core of a two-core machine, as docs/scale.md
 sizes it) gets 1,000-sample gpu_sample batches, pre-encoded, from ``--clients`` concurrent
 clients (default 8), each over its own keep-alive connection: a cluster's nodes post at once,
 and the collector's group commit is built for that. Batch ``i`` comes from node

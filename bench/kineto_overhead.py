@@ -4,7 +4,7 @@ pending, against the same loop without it (not a test; CI does not run it).
     .venv/bin/python bench/kineto_overhead.py [--pairs 5] [--steps 400]
 
 With the variable set, PyTorch's profiler asks the node daemon for a config every few seconds;
-the node daemon's endpoint (agent/node/kineto_endpoint.py, on a socket of the bench's own) answers
+the node daemon's endpoint (agent/node/kineto/endpoint.py, on a socket of the bench's own) answers
 "no config", as it does for every job with nothing requested. The loops (a linear model and SGD
 on CPU, importing nothing of jobsight) run as fresh processes in alternating pairs, so drifts of a
 shared machine fall on both (in ABBA order); each run's median step time is taken, and the median
@@ -26,7 +26,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from jobsight.agent.node.kineto_endpoint import KinetoEndpoint  # noqa: E402
+from jobsight.agent.node.kineto.endpoint import KinetoEndpoint  # noqa: E402
 
 TARGET = 1.01
 LOOP = textwrap.dedent("""

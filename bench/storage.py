@@ -8,7 +8,7 @@ the WAL each phase writes; and the whole database at steady state for a site's s
 An embedded PostgreSQL gets a fresh database per job. The job is built in SQL as the node daemon
 would have sampled it: 8 nodes of 8 GPUs, one tick per second per node (every GPU of a node
 stamped with the node's tick, the tick a few hundred microseconds late), values as the daemon
-sends NVML's (``jobsight.agent.node.precision``): whole percents and degrees, memory in bytes,
+sends NVML's (``jobsight.agent.node.gpu.precision``): whole percents and degrees, memory in bytes,
 power to 0.1 W, the energy counter (which integrates the sensor's mW) in whole J, PCIe throughput
 in whole MB/s and the GPM ratios to a tenth of a point. Values move slowly: utilisation near 100 %
 with dips, a 60 s checkpoint every 30 minutes (GPUs idle, power down), power drifting with noise,
@@ -79,10 +79,10 @@ from bench.storage_entropy import entropy_floor  # noqa: E402
 from bench.storage_model import SITE_SAMPLES_PER_DAY, Measured, Settings, report  # noqa: E402
 from jobsight.collector.store import migrate  # noqa: E402
 from jobsight.collector.store.embedded_db import EmbeddedPostgres  # noqa: E402
+from jobsight.collector.store.packed_params import TIME_PLANES  # noqa: E402
 from jobsight.collector.store.partitions import PartitionKeeper  # noqa: E402
 from jobsight.collector.tiers import compaction  # noqa: E402
 from jobsight.collector.tiers.rollup import rebuild_minutes  # noqa: E402
-from jobsight.collector.tiers.time_planes import TIME_PLANES  # noqa: E402
 
 START = dt.datetime(2024, 6, 3, tzinfo=dt.UTC)
 JOB, CLUSTER = "8675309", "default"

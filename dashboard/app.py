@@ -2,7 +2,7 @@
 
 It checks settings and identity once per rerun, then hands over to the page; the audit,
 Attention, Actions and Suspect GPUs pages are registered only for admins. Every page has its own address
-(:mod:`jobsight.protocol.links`): the root address forwards to ``/jobs``.
+(:mod:`jobsight.rules.links`): the root address forwards to ``/jobs``.
 """
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ from jobsight.collector.config.settings import SettingsError
 from jobsight.dashboard.identity import viewer_or_stop
 from jobsight.dashboard.markup import plain
 from jobsight.dashboard.settings import dashboard_settings
-from jobsight.protocol import links
+from jobsight.rules import links
 
 PAGES = Path(__file__).resolve().parent / "views"
-# The Actions page's address. Not in jobsight.protocol.links: nothing outside the dashboard links to it yet;
+# The Actions page's address. Not in jobsight.rules.links: nothing outside the dashboard links to it yet;
 # it belongs there, beside AUDIT_PAGE, once an alert or a report does.
 ACTIONS_PAGE = "actions"
 # The Suspect GPUs page's address, likewise the dashboard's own until something outside links to it.

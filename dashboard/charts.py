@@ -1,5 +1,7 @@
 """Altair charts for the job page. Each takes the already downsampled frames from
-:mod:`jobsight.dashboard.data` and the job's time domain, so every time chart shares one x axis.
+:mod:`jobsight.dashboard.data` and the job's time domain, so every time chart shares one x axis. The
+step chart draws the view the data layer returns (:class:`~jobsight.collector.query.rank_outliers.StepView`:
+the band, the stragglers and the ranks outside the band, worked out in the query room).
 
 What a chart ships to the browser is bounded: the heatmap by the cells the data layer read, a line
 chart by a point budget across its lines (neighbouring buckets merged when over it), and the step
@@ -17,14 +19,14 @@ from __future__ import annotations
 import datetime as dt
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Final
 
 import altair as alt
 import pandas as pd
 
+from jobsight.collector.query.bucket_merge import merge_buckets
 from jobsight.collector.query.grids import MIN_SERIES_POINTS, points_per_series
-from jobsight.protocol import diagnosis
+from jobsight.collector.query.rank_outliers import BAND_QUANTILES, StepView
 
 Domain = tuple[dt.datetime, dt.datetime]
 
@@ -78,19 +80,6 @@ def time_tooltip(field: str = "bucket", title: str = "time") -> alt.Tooltip:
     """A time in a tooltip, in the axes' zone (a UTC time unit makes Vega-Lite format it in UTC)."""
     return alt.Tooltip(field, type="temporal", timeUnit="utcyearmonthdatehoursminutesseconds",
                        format=_TOOLTIP_FORMAT, title=f"{title} ({TIME_ZONE})")
-
-
-def merge_buckets(frame: pd.DataFrame, by: Sequence[str], most: int, how: Mapping[str, str]) -> pd.DataFrame:
-    """``frame`` (series named by ``by`` over one shared grid of buckets) with runs of
-    neighbouring buckets merged, so that no series has more than ``most``; each merged bucket
-    takes its first bucket's time and the columns of ``how`` aggregated as it says."""
-    buckets = frame["bucket"].drop_duplicates().sort_values().reset_index(drop=True)
-    if len(buckets) <= most:
-        return frame
-    factor = math.ceil(len(buckets) / most)
-    first = buckets.groupby(buckets.index // factor).transform("first")
-    merged = frame.assign(bucket=frame["bucket"].map(dict(zip(buckets, first, strict=True))))
-    return merged.groupby([*by, "bucket"], as_index=False, sort=True, dropna=False).agg(dict(how))
 
 
 def fit_lines(frame: pd.DataFrame, by: Sequence[str], budget: int, how: Mapping[str, str]) -> pd.DataFrame:
@@ -312,108 +301,6 @@ Streamlit fits the whole chart into the height it is given, so this much more th
 def heatmap_height(frame: pd.DataFrame) -> int:
     """Pixels for the heatmap including its axis and title (Streamlit needs it explicitly)."""
     return _heatmap_px(frame["gpu"].nunique()) + HEATMAP_FRAME_PX
-
-
-def compares_own_work(steps: pd.DataFrame) -> bool:
-    """Whether :func:`find_stragglers` compares own work per step (every bucket measured it)."""
-    return "own_s" in steps and bool(steps["own_s"].notna().all())
-
-
-def find_stragglers(steps: pd.DataFrame) -> list[int]:
-    """Straggler ranks by the one rule of :func:`jobsight.protocol.diagnosis.stragglers`, over each
-    rank's mean own work per step (data wait + forward: in synchronous data-parallel training every
-    rank's step time is alike) where every bucket measured it, else its mean step time, in the
-    shown range: what the health rule and ``/diagnosis`` compare."""
-    if steps.empty or steps["rank"].nunique() < 2:
-        return []
-    own = compares_own_work(steps)
-    weighted = steps.assign(total=steps["own_s" if own else "duration_s"] * steps["steps"]).groupby("rank")[
-        ["total", "steps"]].sum()
-    per_rank = weighted["total"] / weighted["steps"]
-    return sorted(diagnosis.stragglers({int(rank): float(value) for rank, value in per_rank.items()}))
-
-
-BAND_FROM_RANKS = 5
-"""From this many ranks the step chart is a band across ranks; up to four, a line per rank reads well."""
-BAND_QUANTILES = (0.1, 0.9)
-"""The band's edges: the 10th and 90th percentile of the ranks' step times in each bucket. Not the
-minimum and maximum, which a single slow rank would set; those ranks are drawn as lines instead."""
-MAX_OUTLIER_LINES = 8
-"""Most ranks drawn alone over the band, stragglers first: more lines would be the spaghetti the
-band replaces. The caption says how many more there were."""
-
-
-@dataclass(frozen=True)
-class StepView:
-    """What the step chart draws: ``band`` (per bucket: ``low``, ``median``, ``high``, ``ranks``),
-    ``None`` with fewer than :data:`BAND_FROM_RANKS` ranks; ``lines``, the per-bucket rows of the ranks
-    drawn alone (every rank without a band, else ``outliers``); ``outliers``, the ranks outside the
-    band in drawing order, and ``hidden``, the further outliers not drawn."""
-
-    ranks: int
-    band: pd.DataFrame | None
-    lines: pd.DataFrame
-    outliers: list[int]
-    stragglers: list[int]
-    hidden: int = 0
-
-
-def _ranked(steps: pd.DataFrame) -> pd.DataFrame:
-    return steps.assign(rank=steps["rank"].fillna(-1).astype(int))
-
-
-def _merge_steps(steps: pd.DataFrame, most: int) -> pd.DataFrame:
-    """Steps with neighbouring buckets merged to at most ``most`` per rank, weighted by step count."""
-    if steps["bucket"].nunique() <= most:
-        return steps
-    weighted = steps.assign(total=steps["duration_s"] * steps["steps"])
-    how = {"total": "sum", "steps": "sum", "last_step": "max"}
-    merged = merge_buckets(weighted, ["rank"], most, how)
-    return merged.assign(duration_s=merged["total"] / merged["steps"]).drop(columns="total")
-
-
-def step_band(steps: pd.DataFrame) -> pd.DataFrame:
-    """Per bucket, across ranks: ``low``/``high`` (:data:`BAND_QUANTILES`), ``median`` and ``ranks``."""
-    grouped = steps.groupby("bucket")["duration_s"]
-    low, high = BAND_QUANTILES
-    return pd.DataFrame({"low": grouped.quantile(low), "median": grouped.median(), "high": grouped.quantile(high),
-                         "ranks": grouped.count()}).reset_index()
-
-
-def outside_band(steps: pd.DataFrame, band: pd.DataFrame,
-                 t: diagnosis.Thresholds = diagnosis.DEFAULT_THRESHOLDS) -> list[int]:
-    """Ranks far outside the band in at least one bucket, farthest first: by the straggler rule's
-    own thresholds, measured from the band's edge rather than the median, so the spread the band
-    already shows is never enough (at least ``straggler_ratio`` × the high edge and
-    ``straggler_min_s`` over it, or as far under the low edge)."""
-    rows = steps.merge(band[["bucket", "low", "high"]], on="bucket")
-    value, low, high = rows["duration_s"], rows["low"], rows["high"]
-    slow = (value >= t.straggler_ratio * high) & (value - high >= t.straggler_min_s)
-    fast = (value * t.straggler_ratio <= low) & (low - value >= t.straggler_min_s)
-    far = rows.assign(how_far=(value / high).where(slow, (low / value).where(fast)))
-    worst = far.dropna(subset=["how_far"]).groupby("rank")["how_far"].max()
-    return [int(rank) for rank in worst.sort_values(ascending=False, kind="stable").index]
-
-
-def step_view(steps: pd.DataFrame, stragglers: list[int], budget: int) -> StepView:
-    """The step chart's data within ``budget`` points: with many ranks the band across ranks and,
-    drawn alone, the stragglers (:func:`find_stragglers`, the one rule) then the ranks far outside
-    the band (:func:`outside_band`), at most :data:`MAX_OUTLIER_LINES`; with few ranks, every rank."""
-    frame = _ranked(steps)
-    ranks = frame["rank"].nunique()
-    if ranks < BAND_FROM_RANKS:
-        lines = _merge_steps(frame, points_per_series(budget, ranks, budget))
-        return StepView(ranks, None, lines, [], list(stragglers))
-    # Slowest stragglers first, so a cap drops the mildest; then the ranks outside the band, found
-    # on the buckets as read, before any merging could average a stall away.
-    weighted = frame.assign(total=frame["duration_s"] * frame["steps"]).groupby("rank")[["total", "steps"]].sum()
-    mean = (weighted["total"] / weighted["steps"]).to_dict()
-    slowest = sorted(stragglers, key=lambda rank: (-mean.get(rank, 0.0), rank))
-    everyone = list(dict.fromkeys([*slowest, *outside_band(frame, step_band(frame))]))
-    drawn = everyone[:MAX_OUTLIER_LINES]
-    frame = _merge_steps(frame, points_per_series(budget, len(drawn) + 1, budget))  # + 1: the band
-    lines = frame[frame["rank"].isin(drawn)]
-    return StepView(ranks, step_band(frame), lines, drawn, list(stragglers), len(everyone) - len(drawn))
 
 
 _STRAGGLER_COLOURS = alt.Scale(domain=["ok", "straggler"], range=["#9ecae9", "#e45756"])

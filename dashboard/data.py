@@ -1,5 +1,5 @@
 """Every read the dashboard makes: cached wrappers (explicit TTL) around the collector's
-query layer (STYLE rule 12). Pages never write SQL and never open connections.
+query layer (CONTRIBUTING rule 12). Pages never write SQL and never open connections.
 
 Access control lives here too, so a page cannot forget it: job lists are limited to the
 viewer's own jobs unless they are an admin, and per-job reads take a :class:`JobRef`,
@@ -22,7 +22,7 @@ from jobsight.collector.config.carbon import load_carbon_settings
 from jobsight.collector.config.health import load_health_settings
 from jobsight.collector.query import actions as action_queries
 from jobsight.collector.query import audit as audit_queries
-from jobsight.collector.query import epoch_energy
+from jobsight.collector.query import epoch_energy, rank_outliers
 from jobsight.collector.query import findings as finding_queries
 from jobsight.collector.query import gpu_events as gpu_event_queries
 from jobsight.collector.query import job_energy as energy_queries
@@ -35,7 +35,7 @@ from jobsight.collector.query.suspects import suspect_gpus
 from jobsight.collector.store.db import READ_POOL, Connection, open_pool, unit_of_work
 from jobsight.dashboard.identity import Viewer
 from jobsight.dashboard.settings import dashboard_settings
-from jobsight.protocol.hardware_cause import xid_text
+from jobsight.rules.hardware_cause import xid_text
 
 T = TypeVar("T")
 
@@ -151,6 +151,13 @@ def _steps(cluster: str, job_id: str, cells: int, most: int) -> pd.DataFrame:
 def step_series(ref: JobRef, cells: int, most: int) -> pd.DataFrame:
     """Per rank and bucket, with ranks × buckets within ``cells`` and at most ``most`` buckets a rank."""
     return _steps(ref.cluster, ref.job_id, cells, most)
+
+
+def step_view(steps: pd.DataFrame, budget: int) -> rank_outliers.StepView:
+    """What the step chart draws of ``steps`` (:func:`step_series`, or :func:`moment`'s) within ``budget``
+    points: the stragglers by the one rule, the band across many ranks and the ranks drawn alone
+    (:func:`jobsight.collector.query.rank_outliers.step_view`)."""
+    return rank_outliers.step_view(steps, rank_outliers.find_stragglers(steps), budget)
 
 
 @st.cache_data(ttl=TTL, show_spinner=False)

@@ -1,5 +1,5 @@
 """Dashboard settings: one typed object from ``JOBSIGHT_DASHBOARD_*`` env vars and the
-``[dashboard]`` table of the file named by ``JOBSIGHT_CONFIG`` (STYLE rule 2).
+``[dashboard]`` table of the file named by ``JOBSIGHT_CONFIG`` (CONTRIBUTING rule 2).
 
 The database comes from ``JOBSIGHT_DATABASE_URL``, the same variable the collector
 reads; ``jobsight up`` sets it for the dashboard process.

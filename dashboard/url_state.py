@@ -17,7 +17,7 @@ from typing import Any, Final
 
 import streamlit as st
 
-from jobsight.protocol import links
+from jobsight.rules import links
 
 _WRITTEN: Final = "_url_state_written"
 """Session state: widget key → the text the page last wrote for it (``None``: left out)."""

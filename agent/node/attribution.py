@@ -26,7 +26,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from jobsight.agent.node.gpu_reading import GpuReading
+from jobsight.agent.node.gpu.reading import GpuReading
 from jobsight.agent.node.registrations import Registration
 from jobsight.agent.node.slurm_cgroups import JobFolder, read_place, registration_of
 

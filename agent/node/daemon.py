@@ -25,10 +25,11 @@ from dataclasses import dataclass
 from typing import Final
 
 from jobsight.agent.node.attribution import Attribution, Attributor, uid_of_pid
-from jobsight.agent.node.gpu_reading import GpuReading
+from jobsight.agent.node.gpu.nvml import NvmlUnavailable
+from jobsight.agent.node.gpu.reading import GpuReading
+from jobsight.agent.node.gpu.sampler import NvmlSampler
 from jobsight.agent.node.host import HostReading, HostSampler
-from jobsight.agent.node.node_energy import NodeEnergy
-from jobsight.agent.node.nvml import NvmlSampler, NvmlUnavailable
+from jobsight.agent.node.power.node_energy import NodeEnergy
 from jobsight.agent.node.registrations import Registration, read_registrations
 from jobsight.agent.node.slurm_cgroups import pids_by_job
 from jobsight.agent.settings import AgentSettings
@@ -59,7 +60,7 @@ class TickResult:
 
 
 class NodeDaemon:
-    """The sampling loop, with every input a parameter (STYLE rule 8)."""
+    """The sampling loop, with every input a parameter (CONTRIBUTING rule 8)."""
 
     def __init__(
         self,

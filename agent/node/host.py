@@ -11,7 +11,7 @@ folder). Without one (no cgroup plugin, a container) the job's processes are sum
 the CPU time then comes from the job's processes, never lost (:attr:`HostReading.cpu_source`).
 
 All roots and the clock are parameters so tests point them at fixture trees
-(STYLE rule 8).
+(CONTRIBUTING rule 8).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Final
 
-from jobsight.agent.node.energy_split import count_cpus
+from jobsight.agent.node.power.energy_split import count_cpus
 from jobsight.agent.node.registrations import Registration
 from jobsight.agent.node.slurm_cgroups import JobDirs, find_job_dirs, folders_of
 

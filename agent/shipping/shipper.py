@@ -3,7 +3,7 @@
 ``enqueue`` is all the caller's thread ever does: it appends to a queue under a
 lock and, at most, sets an :class:`threading.Event`. Everything else (batching,
 gzip, HTTP, the disk spool) happens on the worker thread, so telemetry never
-blocks or breaks the training loop (STYLE rule 9).
+blocks or breaks the training loop (CONTRIBUTING rule 9).
 
 A batch is sent when ``batch_records`` records are waiting or the oldest has
 waited ``batch_age_s``; what happens to it then is :mod:`jobsight.agent.shipping.delivery`'s

@@ -13,7 +13,7 @@ Slurm 22.05 gives the epilog no state: only the batch script's exit status
   own has ``Reason=NonZeroExitCode``);
 * else the exit status: ``COMPLETED`` for 0, ``FAILED`` otherwise.
 
-The names are Slurm's; the collector maps them to its own (``jobsight/protocol/job_states.py``) and keeps
+The names are Slurm's; the collector maps them to its own (``jobsight/rules/job_states.py``) and keeps
 the most specific state any record told it. This module is the standard library only.
 """
 

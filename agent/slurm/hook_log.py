@@ -1,4 +1,4 @@
-"""Where a Slurm hook's problems go: syslog, or ``JOBSIGHT_HOOK_LOG`` when set (STYLE rule 13)."""
+"""Where a Slurm hook's problems go: syslog, or ``JOBSIGHT_HOOK_LOG`` when set (CONTRIBUTING rule 13)."""
 
 from __future__ import annotations
 

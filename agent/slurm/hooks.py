@@ -1,6 +1,6 @@
 """``jobsight slurm prolog|epilog|task-prolog``: what the ``slurm/`` wrappers run.
 
-Best-effort by design (STYLE rule 13): every network call has a timeout of at most
+Best-effort by design (CONTRIBUTING rule 13): every network call has a timeout of at most
 :data:`NET_TIMEOUT_S`, every step is tried even when an earlier one failed, problems go
 to syslog (or to ``JOBSIGHT_HOOK_LOG`` when set) and the exit status is always 0, so
 jobsight never drains a node or fails a job.
@@ -214,11 +214,11 @@ def _text(value: str | None) -> str | None:
 
 def _prepare_kineto(settings: AgentSettings, job: SlurmJob) -> None:
     """Make the job user's Kineto socket directory before any task starts: PyTorch binds its client
-    socket there once, at start-up (agent/node/kineto_hooks.py)."""
+    socket there once, at start-up (agent/node/kineto/hooks.py)."""
     if not settings.kineto_daemon or job.uid is None:
         return
     try:
-        from jobsight.agent.node.kineto_hooks import prepare_kineto_socket_dir
+        from jobsight.agent.node.kineto.hooks import prepare_kineto_socket_dir
 
         prepare_kineto_socket_dir(settings, job.uid)
     except (OSError, ValueError, ImportError) as exc:
@@ -228,7 +228,7 @@ def _prepare_kineto(settings: AgentSettings, job: SlurmJob) -> None:
 def _remove_traces(settings: AgentSettings, job: str) -> None:
     """The job's Kineto trace directory goes with the job (the daemon shipped what it read)."""
     try:
-        from jobsight.agent.node.kineto_hooks import remove_job_traces
+        from jobsight.agent.node.kineto.hooks import remove_job_traces
 
         remove_job_traces(settings.kineto_trace_dir, job)
     except ImportError as exc:
@@ -239,7 +239,7 @@ def _kineto_exports(settings: AgentSettings, job: str) -> dict[str, str]:
     """``KINETO_USE_DAEMON=1`` and where PyTorch finds the daemon, only while the node daemon says,
     freshly, that it serves: a job is never pointed at a socket nobody (or somebody else) answers."""
     try:
-        from jobsight.agent.node.kineto_hooks import kineto_serving, kineto_socket_dir_for, status_path_for
+        from jobsight.agent.node.kineto.hooks import kineto_serving, kineto_socket_dir_for, status_path_for
 
         if not kineto_serving(status_path_for(settings.registration_dir)):
             return {}
@@ -316,7 +316,7 @@ def task_prolog_lines(env: dict[str, str], settings: AgentSettings, hooks: HookS
         values["JOBSIGHT_NODE"] = node
     elif env.get("JOBSIGHT_NODE") or env.get("SLURMD_NODENAME"):
         log.warning("job %s: the node name is not a plain host name; JOBSIGHT_NODE left out", job)
-    # PyTorch then asks the node daemon for a profiling config (agent/node/kineto_service.py); a
+    # PyTorch then asks the node daemon for a profiling config (agent/node/kineto/service.py); a
     # job's own KINETO_USE_DAEMON (0 to opt out) is left as it is.
     if settings.kineto_daemon and "KINETO_USE_DAEMON" not in env:
         values.update(_kineto_exports(settings, job))

@@ -6,7 +6,8 @@ it has not taken yet in :attr:`DirectivePoller.pending`. The training thread onl
 reads that attribute at each step; when it starts a window it calls :meth:`take`,
 and :meth:`report` queues a state change (``running``, ``failed``) that the thread
 posts to ``POST /v1/profile-requests/{id}/state``. ``done`` is set by the collector
-itself when the profile carrying the request id is stored.
+itself when the profile carrying the request id is stored. Both calls, and the
+requests' shape, are :mod:`jobsight.agent.shipping.directives`'.
 """
 
 from __future__ import annotations
@@ -14,21 +15,12 @@ from __future__ import annotations
 import logging
 import threading
 from collections import deque
-from dataclasses import dataclass
-from typing import Any
 
 from jobsight.agent.settings import AgentSettings
 from jobsight.agent.shipping.client import CollectorClient
+from jobsight.agent.shipping.directives import ProfileRequest, fetch_profile_requests, post_request_state
 
 log = logging.getLogger("jobsight.agent.directives")
-
-
-@dataclass(frozen=True)
-class ProfileRequest:
-    id: int
-    steps: int
-    ranks: tuple[int, ...] | None
-    """``None`` means every rank."""
 
 
 class DirectivePoller:
@@ -99,42 +91,25 @@ class DirectivePoller:
                 if not self._reports:
                     return
                 request_id, state, reason = self._reports[0]
-            path = f"/v1/profile-requests/{request_id}/state"
-            status, _ = self._request("POST", path, {"state": state, "reason": reason})
+            status = self._said(post_request_state(self._client, request_id, state, reason))
             if status == 0 and not self._stop.is_set():
                 return  # collector away: try again next round
             with self._lock:
                 self._reports.popleft()
 
     def _poll(self) -> None:
-        query = {"job": self.job}
-        if self.rank is not None:
-            query["rank"] = str(self.rank)
-        status, body = self._request("GET", "/v1/directives", query=query)
+        status, requests = fetch_profile_requests(self._client, self.job, self.rank)
+        self._said(status)
         self.polls += 1
-        if status != 200 or not isinstance(body, dict):
-            return
-        for item in body.get("profile_requests", []):
-            try:
-                request = ProfileRequest(
-                    int(item["id"]), int(item["steps"]),
-                    tuple(int(r) for r in item["ranks"]) if item.get("ranks") is not None else None,
-                )
-            except (KeyError, TypeError, ValueError):
-                continue
+        for request in requests:
             with self._lock:
                 if request.id not in self._taken and self.pending is None:
                     self.pending = request
                     return
 
-    def _request(self, method: str, path: str, payload: dict[str, Any] | None = None,
-                 query: dict[str, str] | None = None) -> tuple[int, Any]:
-        """``(status, parsed JSON)``; status 0 when the collector could not be reached."""
-        if payload is not None:
-            answer = self._client.post_json(path, payload)
-        else:
-            answer = self._client.request(method, path, query=query)
-        if answer.status in (401, 403) and not self._warned:
+    def _said(self, status: int) -> int:
+        """``status``, once warned about when the collector refuses this job's token."""
+        if status in (401, 403) and not self._warned:
             self._warned = True
-            log.warning("jobsight: the collector refused directive polls (HTTP %d)", answer.status)
-        return answer.status, answer.json()
+            log.warning("jobsight: the collector refused directive polls (HTTP %d)", status)
+        return status

@@ -3,7 +3,7 @@ epochs and validation, warn once on rank zero, close the run.
 
 The Keras and Lightning callbacks are thin adapters: each framework hook calls one method
 here. Configuration is checked when :class:`CallbackOptions` is made (it fails there, in
-the callback's ``__init__``); after that nothing here raises (STYLE rule 11).
+the callback's ``__init__``); after that nothing here raises (CONTRIBUTING rule 11).
 """
 
 from __future__ import annotations

@@ -20,7 +20,8 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Final
 
-from jobsight.agent.node.nvml import NvmlSampler, NvmlUnavailable
+from jobsight.agent.node.gpu.nvml import NvmlUnavailable
+from jobsight.agent.node.gpu.sampler import NvmlSampler
 from jobsight.agent.node.registrations import has_registration
 from jobsight.agent.settings import AgentSettings
 from jobsight.agent.shipping.shipper import Shipper, get_shipper

@@ -1,5 +1,5 @@
 """What a profiling window covers: its step schedule, the profiler's options and the ranks
-it runs on. Checked when a callback is made, so a bad value fails there (STYLE rule 11)."""
+it runs on. Checked when a callback is made, so a bad value fails there (CONTRIBUTING rule 11)."""
 
 from __future__ import annotations
 

@@ -37,7 +37,8 @@ from jobsight.agent.training.profile_schedule import (
 from jobsight.protocol import diagnosis
 
 if TYPE_CHECKING:
-    from jobsight.agent.training.directives import DirectivePoller, ProfileRequest
+    from jobsight.agent.shipping.directives import ProfileRequest
+    from jobsight.agent.training.directives import DirectivePoller
 
 
 class Recorder(Protocol):

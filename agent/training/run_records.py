@@ -192,7 +192,7 @@ def batch_size(batch: Any) -> int | None:
 
 
 def warn_rank_zero(rank: int | None, message: str) -> None:
-    """A user-facing warning, from rank zero only (STYLE rule 11)."""
+    """A user-facing warning, from rank zero only (CONTRIBUTING rule 11)."""
     if not rank:
         warnings.warn(message, RuntimeWarning, stacklevel=3)
 

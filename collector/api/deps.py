@@ -1,4 +1,4 @@
-"""FastAPI dependencies as typed aliases (STYLE rule 1)."""
+"""FastAPI dependencies as typed aliases (CONTRIBUTING rule 1)."""
 
 from __future__ import annotations
 
@@ -9,10 +9,11 @@ from typing import Annotated, Any
 from fastapi import Depends, Header, Request
 from psycopg_pool import ConnectionPool
 
-from jobsight.collector.api.auth import Authenticator, Principal
+from jobsight.collector.api.auth import Authenticator
 from jobsight.collector.api.errors import ReadsBusy
 from jobsight.collector.api.telemetry import CollectorMetrics
 from jobsight.collector.config.settings import CollectorSettings
+from jobsight.collector.ingest.write_rights import Principal
 from jobsight.collector.query.read_workers import ReadWorkers
 from jobsight.collector.store.db import Connection
 from jobsight.collector.store.partitions import PartitionKeeper

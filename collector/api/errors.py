@@ -16,8 +16,8 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from starlette.requests import ClientDisconnect
 
-from jobsight.collector.api.auth import AuthError
 from jobsight.collector.ingest.body import BadBody, BodyTooLarge
+from jobsight.collector.ingest.write_rights import AuthError
 from jobsight.collector.query.traces import TraceUnreadable
 from jobsight.collector.store.db import DatabaseUnavailable, ReadTooLong, ValueRefused
 from jobsight.protocol.wire import WireError

@@ -1,4 +1,4 @@
-"""The opening every per-job read route shares, as dependencies (STYLE rule 1).
+"""The opening every per-job read route shares, as dependencies (CONTRIBUTING rule 1).
 
 ``ReadableJob``: resolve the cluster, authorise the read, load the job row, 404 when the
 collector has never seen the job. ``AuthorizedJob`` stops before loading, for the two routes
@@ -13,9 +13,9 @@ from typing import Annotated, Any
 from fastapi import Depends, Query, Request
 from psycopg_pool import ConnectionPool
 
-from jobsight.collector.api.auth import Principal, check_job_owner
 from jobsight.collector.api.deps import Auth, CurrentPrincipal, ReadPool, Settings
 from jobsight.collector.api.errors import NotFound
+from jobsight.collector.ingest.write_rights import Principal, check_job_owner
 from jobsight.collector.jobs.allocations import Allocation, AllocationCache, job_allocations
 from jobsight.collector.query.jobs import get_job
 from jobsight.collector.store.db import Connection, unit_of_work
@@ -56,8 +56,8 @@ ResolvedCluster = Annotated[str, Depends(resolve_cluster)]
 
 def check_token_owner(state: Any, pool: ConnectionPool[Any], principal: Principal, cluster: str, job: str,
                       conn: Connection | None = None) -> None:
-    """For a job token: raise :class:`~jobsight.collector.api.auth.AuthError` (403) unless it was minted
-    for the uid its job runs as (:func:`~jobsight.collector.api.auth.check_job_owner`); the registration
+    """For a job token: raise :class:`~jobsight.collector.ingest.write_rights.AuthError` (403) unless it was minted
+    for the uid its job runs as (:func:`~jobsight.collector.ingest.write_rights.check_job_owner`); the registration
     comes through the process's allocation cache, so an agent's polls cost no query each; ``conn``:
     a caller's open transaction to read it in, rather than another pooled connection."""
     if principal.kind != "job":
@@ -77,7 +77,7 @@ def authorized_job(
     request: Request, job_id: str, cluster: ResolvedCluster, principal: CurrentPrincipal, auth: Auth, pool: ReadPool
 ) -> JobKey:
     """``job_id`` (the path parameter) of the resolved cluster, once ``principal`` may read it
-    (:class:`~jobsight.collector.api.auth.AuthError` otherwise)."""
+    (:class:`~jobsight.collector.ingest.write_rights.AuthError` otherwise)."""
     auth.authorize_read(principal, job_id, cluster)
     check_token_owner(request.app.state, pool, principal, cluster, job_id)
     return JobKey(cluster, job_id)

@@ -39,9 +39,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationIn
 from pydantic_settings import SettingsConfigDict
 
 from jobsight.collector.config.toml_settings import SettingsError, TomlTableSettings, validation_message
-
-ACTED_ON_RULES: tuple[str, ...] = ("idle_allocation", "low_utilisation", "hung_rank")
-"""The health rules a policy may act on: each says a job holds GPUs it does not use."""
+from jobsight.rules.rule_names import ActedOnRule
 
 _POLICY_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 
@@ -53,7 +51,8 @@ class Policy(BaseModel):
 
     name: str
     """Names the policy in the actions table, on the job's page and in the reason Slurm shows."""
-    rule: Literal["idle_allocation", "low_utilisation", "hung_rank"]
+    rule: ActedOnRule
+    """One of :data:`jobsight.rules.rule_names.ACTED_ON_RULES`."""
     warn_after_s: float = Field(gt=0)
     """The first warning, this long after the finding opened."""
     warn_again_after_s: float = Field(gt=0)

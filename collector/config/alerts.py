@@ -28,7 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, V
 from pydantic_settings import SettingsConfigDict
 
 from jobsight.collector.config.toml_settings import SettingsError, TomlTableSettings, validation_message
-from jobsight.protocol.health import SEVERITIES
+from jobsight.rules.health import SEVERITIES
 
 SEVERITY_RANK: dict[str, int] = {severity: rank for rank, severity in enumerate(SEVERITIES)}
 """The health rules' severities, least first."""

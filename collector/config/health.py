@@ -1,6 +1,6 @@
 """Settings of the health evaluator (``collector/passes/findings.py``): ``JOBSIGHT_HEALTH_*`` variables,
 then the ``[health]`` table of the ``JOBSIGHT_CONFIG`` file. Each rule's thresholds are here with
-the defaults of :class:`jobsight.protocol.health.HealthThresholds`; a bad value stops the
+the defaults of :class:`jobsight.rules.health.HealthThresholds`; a bad value stops the
 collector with a message naming it.
 """
 
@@ -12,7 +12,8 @@ from pydantic import Field, ValidationError, field_validator
 from pydantic_settings import SettingsConfigDict
 
 from jobsight.collector.config.toml_settings import SettingsError, TomlTableSettings, validation_message
-from jobsight.protocol.health import RULES, HealthThresholds
+from jobsight.rules.health import HealthThresholds
+from jobsight.rules.rule_names import RULES
 
 _D = HealthThresholds()
 

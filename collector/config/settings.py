@@ -13,7 +13,7 @@ Its own fields come from ``JOBSIGHT_*`` env vars and the ``[collector]`` table o
 * ``carbon`` (:mod:`jobsight.collector.config.carbon`): ``JOBSIGHT_CARBON_*``, ``[carbon]``.
 
 :func:`load_collector_settings` reads all of them before anything starts, and a bad value anywhere
-stops the start with one message naming every bad value (STYLE rule 2).
+stops the start with one message naming every bad value (CONTRIBUTING rule 2).
 """
 
 from __future__ import annotations

@@ -20,6 +20,7 @@ from typing import Any, Final
 
 from psycopg.types.json import Jsonb
 
+from jobsight.collector.ingest import minute_rollup
 from jobsight.collector.store.schema import gpu_events, gpu_samples, host_samples, log_events, metrics, steps
 from jobsight.collector.store.timestamps import days_of_us, ts_from_us
 from jobsight.collector.tiers.rollup import MinuteRollup
@@ -102,8 +103,9 @@ class PreparedBatch:
     counts: dict[str, int] = field(default_factory=dict)
     minutes: MinuteRollup = field(default_factory=MinuteRollup)
     step_minutes: StepRollup = field(default_factory=StepRollup)
+    """The batch's per-minute sums, built and written by :mod:`jobsight.collector.ingest.minute_rollup`."""
     sender: str = "admin"
-    """Who sent the batch (:func:`jobsight.collector.api.auth.sender_of`), set once it is authorised: its
+    """Who sent the batch (:func:`jobsight.collector.ingest.write_rights.sender_of`), set once it is authorised: its
     id ``(source, seq)`` is unique per sender in the ledger."""
 
 
@@ -189,10 +191,7 @@ def prepare(batch: Batch) -> PreparedBatch:
             rows = _series_rows(batch.cluster, table.name, source, given)
             prepared.rows.setdefault(table.name, []).extend(rows)
             prepared.days.setdefault(table.name, set()).update(days_of_us(times))
-            if kind == "gpu_sample":
-                prepared.minutes.add_rows(rows, times)
-            elif kind == "step":
-                prepared.step_minutes.add_rows(rows, times)
+            minute_rollup.add_rows(prepared.minutes, prepared.step_minutes, kind, rows, times)
         elif kind in ("job_started", "job_ended"):
             target = prepared.job_started if kind == "job_started" else prepared.job_ended
             target.extend({**r, "ts": ts_from_us(r["ts"])} for r in same)
@@ -203,10 +202,7 @@ def prepare(batch: Batch) -> PreparedBatch:
             for index, r in enumerate(records)
             if r["kind"] == "profile"
         ]
-    if prepared.minutes.sums:
-        prepared.days["gpu_minutes"] = prepared.minutes.days()
-    if prepared.step_minutes.sums:
-        prepared.days["step_minutes"] = prepared.step_minutes.days()
+    prepared.days.update(minute_rollup.days(prepared.minutes, prepared.step_minutes))
     return prepared
 
 

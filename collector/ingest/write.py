@@ -1,10 +1,11 @@
 """Storing validated batches, several in one transaction (a group commit).
 
 Each batch's id ``(source, seq)``, with its sender, goes into ``ingest_batches`` in the same transaction as
-its rows (STYLE rule 4), so a batch is stored completely once or not at all, however often
+its rows (CONTRIBUTING rule 4), so a batch is stored completely once or not at all, however often
 the agent retries it, and whichever group it lands in. A group writes one COPY per table,
-one upsert of each GPU rollup (minutes, then hours), one of the step rollup, at most one write
-per job row and per epoch start, for all its batches; see :mod:`jobsight.collector.ingest.group_commit` for how groups
+one upsert of each GPU rollup (minutes, then hours), one of the step rollup
+(:mod:`jobsight.collector.ingest.minute_rollup`), at most one write per job row and per epoch start,
+for all its batches; see :mod:`jobsight.collector.ingest.group_commit` for how groups
 form and what happens when one fails.
 
 Rows are locked in one order in every group: batch ids, then job rows, then GPU minute rows,
@@ -22,7 +23,7 @@ from typing import Any
 
 from psycopg.types.json import Jsonb
 
-from jobsight.collector.ingest import unallocated_uses
+from jobsight.collector.ingest import minute_rollup, unallocated_uses
 from jobsight.collector.ingest.rows import COPY_SQL, COPY_TYPES, SERIES_TABLES, PreparedBatch, copy_sql, prepare
 from jobsight.collector.jobs import job_runs
 from jobsight.collector.jobs.jobs_seen import JobKey, JobsSeen, Span, upsert_jobs
@@ -30,11 +31,9 @@ from jobsight.collector.jobs.summaries import mark_stale, refresh_ended
 from jobsight.collector.store.db import Connection
 from jobsight.collector.store.partitions import PartitionKeeper
 from jobsight.collector.store.timestamps import ts_from_us
-from jobsight.collector.tiers import step_rollup
-from jobsight.collector.tiers.rollup import hourly, merged, upsert_hours, upsert_minutes
 from jobsight.collector.tiers.step_rollup import EpochKey, EpochsSeen
-from jobsight.protocol import job_states
 from jobsight.protocol.wire import Batch
+from jobsight.rules import job_states
 
 # The names other modules (and tests) know this module by.
 __all__ = ["COPY_TYPES", "PreparedBatch", "Seen", "Written", "copy_sql", "ensure_partitions", "prepare",
@@ -181,7 +180,8 @@ def store_group(conn: Connection, items: Sequence[Item], seen: Seen | None = Non
     written.spans = _spans(stored)
     touched = {(b.cluster, r["job"]) for b, p in stored for r in (*p.job_started, *p.job_ended)}
     written.jobs = seen.jobs.due(written.spans, touched) if seen is not None else written.spans
-    starts = step_rollup.merged_epochs((batch.cluster, prepared.step_minutes) for batch, prepared in stored)
+    rollups = [(batch.cluster, prepared.minutes, prepared.step_minutes) for batch, prepared in stored]
+    starts = minute_rollup.epoch_starts(rollups)
     written.epochs = seen.epochs.due(starts) if seen is not None else starts
     upsert_jobs(conn, written.jobs)
     for cluster, record in _in_job_order(stored, started=True):
@@ -191,11 +191,7 @@ def store_group(conn: Connection, items: Sequence[Item], seen: Seen | None = Non
     # What follows the COPY needs no result until the summary check: one pipeline sends it all
     # and waits once, where each statement used to be a round trip of its own.
     with conn.pipeline():
-        minutes = merged((batch.cluster, prepared.minutes) for batch, prepared in stored)
-        upsert_minutes(conn, minutes)
-        upsert_hours(conn, hourly(minutes))
-        step_rollup.upsert_minutes(conn, step_rollup.merged((b.cluster, p.step_minutes) for b, p in stored))
-        step_rollup.upsert_epoch_starts(conn, written.epochs)
+        minute_rollup.write(conn, rollups, written.epochs)
         for batch, prepared in stored:
             for record in prepared.profiles:
                 _profile(conn, batch.cluster, record)
@@ -290,7 +286,7 @@ def _attrs(r: dict[str, Any]) -> Jsonb | None:
     return Jsonb(attrs) if attrs is not None else None
 
 
-# The stored state gives way to one at least as specific (jobsight/protocol/job_states.py), in one statement:
+# The stored state gives way to one at least as specific (jobsight/rules/job_states.py), in one statement:
 # records of one job's end arrive in any order, from every node's epilog and from reconciliation.
 _HEARD_WINS = f"{job_states.rank_sql('%(state)s::text')} >= {job_states.rank_sql('state')}"
 

@@ -5,7 +5,7 @@ The job row holds the **latest** run: ``jobs.run``, ``jobs.run_start`` (NULL for
 starts at ``start_time``) and, as before, its end, state and exit code. When a ``job_started`` of
 a higher run arrives, the run it replaces is closed into ``job_runs`` (start, end, state and exit
 code as the job row had them) and the job row starts over: running, no end. So the most specific
-end state (jobsight/protocol/job_states.py) is kept per run, and a ``requeued`` run 0 does not outrank a
+end state (jobsight/rules/job_states.py) is kept per run, and a ``requeued`` run 0 does not outrank a
 ``completed`` run 1.
 
 Everything measured (samples, steps) carries only the job id; a run is its time span. Reads and

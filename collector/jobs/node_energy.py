@@ -2,7 +2,7 @@
 
 The node daemon splits each node's power beside its GPUs across the node's jobs by CPU time and
 sends each job's joules since its previous sample (``host_samples.energy_j``, with the source and
-split named: ``agent/node/energy_split.py``). A job's node energy is their sum, over both tiers;
+split named: ``agent/node/power/energy_split.py``). A job's node energy is their sum, over both tiers;
 ``samples`` and ``measured`` say how much of the job's host samples carried a figure, so a page can
 say when a node had no source, or its BMC stopped answering for a while.
 """

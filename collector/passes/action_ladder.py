@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from jobsight.collector.config.actions import Policy
+from jobsight.rules.rule_names import HUNG_RANK, IDLE_ALLOCATION, LOW_UTILISATION
 
 WARN: Final = "warn"
 WARN_AGAIN: Final = "warn_again"
@@ -143,7 +144,8 @@ def duration_words(seconds: float) -> str:
     return f"{hours:.0f} h" if abs(hours - round(hours)) < 0.05 else f"{hours:.1f} h"
 
 
-WHAT: Final = {"idle_allocation": "GPUs idle", "low_utilisation": "GPUs under-used", "hung_rank": "a rank hung"}
+WHAT: Final = {IDLE_ALLOCATION: "GPUs idle", LOW_UTILISATION: "GPUs under-used", HUNG_RANK: "a rank hung"}
+"""What each rule a policy acts on says of a job, in the reason Slurm shows."""
 
 
 def reason(policy: Policy, candidate: Candidate, now: dt.datetime) -> str:

@@ -2,7 +2,7 @@
 
 A message covers every outbox row that went due for one sink in one group window: a title with
 the counts and one line per finding, each ending with the link to its job's page at the moment
-the finding points at (:mod:`jobsight.protocol.links`). What Apprise logs is held back from the
+the finding points at (:mod:`jobsight.rules.links`). What Apprise logs is held back from the
 application's log (it names hosts and, at times, whole URLs) and kept only as the reason of a
 failure, with every part of the URL taken out.
 
@@ -43,8 +43,8 @@ from typing import TYPE_CHECKING, Any, Final
 from urllib.parse import parse_qsl, unquote
 
 from jobsight.collector.config.alerts import quiet_apprise_logging
-from jobsight.protocol import links
 from jobsight.protocol.terminal_text import UNSAFE
+from jobsight.rules import links
 
 if TYPE_CHECKING:
     from apprise.plugins.base import NotifyBase

@@ -1,4 +1,4 @@
-"""The health evaluator: reads running jobs' rollups, applies :mod:`jobsight.protocol.health`,
+"""The health evaluator: reads running jobs' rollups, applies :mod:`jobsight.rules.health`,
 and keeps ``findings`` (and the alert outbox) in step with what the rules say.
 
 One collector process evaluates at a time, whatever ``--workers`` is: :class:`Evaluator` holds a
@@ -45,8 +45,10 @@ from jobsight.collector.query.job_hardware import gpu_name, read_job_hardware
 from jobsight.collector.store.db import Connection
 from jobsight.collector.tiers.reads import gpu_minutes_of
 from jobsight.collector.tiers.step_rollup import NO_RANK
-from jobsight.protocol.hardware_cause import XID_BEFORE_S
-from jobsight.protocol.health import (
+from jobsight.protocol.run_events import END_EVENTS
+from jobsight.protocol.step_phases import PHASE_EVENT, PendingPhase, parse
+from jobsight.rules.hardware_cause import XID_BEFORE_S
+from jobsight.rules.health import (
     IDLE_SINCE,
     Finding,
     GpuWindow,
@@ -55,17 +57,12 @@ from jobsight.protocol.health import (
     RankSteps,
     evaluate,
 )
-from jobsight.protocol.run_events import END_EVENTS
-from jobsight.protocol.step_phases import PHASE_EVENT, PendingPhase, parse
+from jobsight.rules.rule_names import EXPLAINED_RULES, HUNG_RANK, LIVE_RULES, MEMORY_UNUSED, STRAGGLER
 
 log = logging.getLogger("jobsight.collector.passes.findings")
 
 HEALTH_LOCK_KEY: Final = 0x6A6F6273_68656C74 & 0x7FFFFFFFFFFFFFFF
 """Session advisory lock held by the one evaluating process."""
-LIVE_RULES: Final = ("hung_rank", "straggler", "idle_allocation", "low_utilisation")
-EXPLAINED_RULES: Final = ("hung_rank", "straggler")
-"""Rules whose findings say their hardware cause: a job where one fires has its hardware read and
-is judged again with it."""
 KEPT_EVIDENCE: Final = (IDLE_SINCE,)
 """Evidence a finding keeps from its opening while it is updated: when the stretch it judges began
 (the actions pass counts the idle time of a cancel's reason from it)."""
@@ -100,11 +97,11 @@ FROM jobs WHERE state = 'running' AND last_seen >= %(alive)s
 _STEP_WINDOW = f"""
 SELECT cluster, job_id, rank, max(last_ts) AS last_ts,
        percentile_cont(0.5) WITHIN GROUP (ORDER BY duration_sum / steps) AS median_step,
-       sum(steps) FILTER (WHERE last_ts >= %(straggler)s) AS w_steps,
-       sum(duration_sum) FILTER (WHERE last_ts >= %(straggler)s) AS w_duration,
-       sum(coalesce(data_wait_sum, 0) + forward_sum) FILTER (WHERE last_ts >= %(straggler)s) AS w_own,
-       sum(data_wait_sum) FILTER (WHERE last_ts >= %(straggler)s) AS w_wait,
-       bool_and(forward_n IS NOT NULL AND forward_n = steps) FILTER (WHERE last_ts >= %(straggler)s) AS w_all_forward
+       sum(steps) FILTER (WHERE last_ts >= %(window_from)s) AS w_steps,
+       sum(duration_sum) FILTER (WHERE last_ts >= %(window_from)s) AS w_duration,
+       sum(coalesce(data_wait_sum, 0) + forward_sum) FILTER (WHERE last_ts >= %(window_from)s) AS w_own,
+       sum(data_wait_sum) FILTER (WHERE last_ts >= %(window_from)s) AS w_wait,
+       bool_and(forward_n IS NOT NULL AND forward_n = steps) FILTER (WHERE last_ts >= %(window_from)s) AS w_all_forward
 FROM step_minutes
 WHERE job_id = ANY(%(jobs)s) AND ts >= %(since)s AND rank > {NO_RANK}
 GROUP BY cluster, job_id, rank
@@ -210,7 +207,7 @@ def _hung_ranks(found: Iterable[Finding]) -> set[int]:
     wait for (a job-level finding that cannot tell names none)."""
     out: set[int] = set()
     for f in found:
-        if f.rule == "hung_rank":
+        if f.rule == HUNG_RANK:
             out.update([f.rank] if f.rank is not None else [])
             out.update(r for r in f.evidence.get("behind", ()) if isinstance(r, int))
     return out
@@ -261,7 +258,7 @@ class HealthEvaluator:
     def _rank_steps(self, conn: Connection, jobs: Sequence[JobKey], now: float) -> dict[JobKey, list[RankSteps]]:
         t = self.thresholds
         since = now - max(t.straggler_window_s, t.hung_min_s) - 60
-        params = {"jobs": [j for _, j in jobs], "since": _ts(since), "straggler": _ts(now - t.straggler_window_s)}
+        params = {"jobs": [j for _, j in jobs], "since": _ts(since), "window_from": _ts(now - t.straggler_window_s)}
         wanted = set(jobs)
         out: dict[JobKey, list[RankSteps]] = {}
         for row in conn.execute(_STEP_WINDOW, params):
@@ -394,7 +391,7 @@ class HealthEvaluator:
             for (rule, subject), existing in open_rows.items():
                 if (rule, subject) in seen:
                     continue
-                if rule == "straggler" and existing["rank"] in held:
+                if rule == STRAGGLER and existing["rank"] in held:
                     self._keep_straggler(conn, existing, now)
                     result.updated += 1
                 else:
@@ -442,11 +439,11 @@ class HealthEvaluator:
             with conn.transaction():
                 for existing in open_by_job.get(key, {}).values():
                     self._resolve(conn, existing, now, facts, result)
-                judged = "memory_unused" in self.settings.rules and facts.get("state") not in (None, "running")
+                judged = MEMORY_UNUSED in self.settings.rules and facts.get("state") not in (None, "running")
                 if key in peaks and judged:
                     job = JobHealthInput(key[1], now, running=False, memory_peaks=peaks[key])
                     end = facts.get("end_time") or _ts(now)
-                    for f in evaluate(job, self.thresholds, ("memory_unused",)):
+                    for f in evaluate(job, self.thresholds, (MEMORY_UNUSED,)):
                         row = self._open(conn, key, f, now, facts, state="resolved", resolved_at=end)
                         if row is not None:
                             result.opened.append(row)

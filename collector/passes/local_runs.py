@@ -29,9 +29,9 @@ from typing import Any, Final
 
 from jobsight.collector.config.reconcile import ReconcileSettings
 from jobsight.collector.store.db import Connection
-from jobsight.protocol import job_states
 from jobsight.protocol.run_events import END_EVENTS, EXCEPTION, START_EVENTS
 from jobsight.protocol.slurm_ids import is_slurm_job_id
+from jobsight.rules import job_states
 
 _PROCESS_EVENTS: Final = """
 SELECT node, pid, attrs->>'event' AS event, max(ts) AS ts

@@ -15,7 +15,7 @@ from typing import Any, Final
 
 from jobsight.collector.passes.action_ladder import WARN, WARN_AGAIN, duration_words
 from jobsight.collector.passes.alert_messages import LIMITS, Line, Link, Message, shown, title_safe
-from jobsight.protocol import links
+from jobsight.rules import links
 
 _DOING: Final = {"cancel": "cancel it", "requeue": "requeue it (it goes back to the queue and starts again)"}
 _DONE: Final = {"cancel": "cancelled", "requeue": "requeued"}

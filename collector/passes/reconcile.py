@@ -17,7 +17,7 @@ the hook reached nothing and its spool went with the node), one periodic pass se
 * **A second look.** Jobs whose epilog ended them in the last ``recheck_ended_s`` are checked once
   against ``sacct``, which may know more (the state only moves up :data:`job_states.SPECIFICITY`).
 
-Every write keeps the most specific state (jobsight/protocol/job_states.py), so an epilog heard later still
+Every write keeps the most specific state (jobsight/rules/job_states.py), so an epilog heard later still
 replaces ``lost`` and a reconciled state, and a replayed ``job_started`` does not revive the job
 (its ``end_time`` is set). One collector process reconciles at a time, whatever ``--workers`` is:
 :class:`Reconciler` holds a session advisory lock on a connection of its own while it leads, as the
@@ -49,8 +49,8 @@ from jobsight.collector.passes.slurm_jobs import (
     find_command,
 )
 from jobsight.collector.store.db import Connection
-from jobsight.protocol import job_states
 from jobsight.protocol.slurm_ids import is_slurm_job_id
+from jobsight.rules import job_states
 
 log = logging.getLogger("jobsight.collector.passes.reconcile")
 

@@ -28,8 +28,8 @@ from jobsight.collector.passes.leader import LeaderTimer
 from jobsight.collector.query.carbon_intensity import CarbonIntensity
 from jobsight.collector.query.findings import job_findings
 from jobsight.collector.query.job_energy import job_energy
-from jobsight.protocol import job_states, links
-from jobsight.protocol.report_text import format_report
+from jobsight.rules import job_states, links
+from jobsight.rules.report_text import format_report
 
 REPORTS_LOCK_KEY: Final = 0x6A6F6273_72707473 & 0x7FFFFFFFFFFFFFFF
 """Session advisory lock held by the one process writing reports."""

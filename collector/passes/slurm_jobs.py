@@ -29,9 +29,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
-from jobsight.protocol import job_states
 from jobsight.protocol.slurm_ids import is_slurm_job_id
 from jobsight.protocol.slurm_json import exit_pair, number, state
+from jobsight.rules import job_states
 
 SACCT_CHUNK: Final = 200
 """Job ids per ``sacct -j`` call (its command line stays short)."""

@@ -20,7 +20,7 @@ from jobsight.collector.jobs.node_energy import J_PER_KWH
 from jobsight.collector.query.energy_so_far import energy_kwh_sql
 from jobsight.collector.store.db import Connection
 from jobsight.collector.tiers import host_tier
-from jobsight.protocol import job_states
+from jobsight.rules import job_states
 
 GroupBy = Literal["user_name", "account", "partition"]
 _GROUPS = ("user_name", "account", "partition")
@@ -61,7 +61,7 @@ def _allocations(cluster: str | None) -> str:
 
 
 # GPU-hours of jobs Slurm ended at their time limit, and of jobs cancelled (scancel): where most
-# allocated GPU-hours are wasted. The state is the most specific one heard (jobsight/protocol/job_states.py).
+# allocated GPU-hours are wasted. The state is the most specific one heard (jobsight/rules/job_states.py).
 _ENDED_BY = f"""coalesce(sum(gpus * overlap_s) FILTER (WHERE state = '{job_states.TIMEOUT}'), 0) / 3600.0
                     AS timeout_gpu_hours,
                 coalesce(sum(gpus * overlap_s) FILTER (WHERE state = '{job_states.CANCELLED}'), 0) / 3600.0

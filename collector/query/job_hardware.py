@@ -1,4 +1,4 @@
-"""One job's hardware over a window, as :mod:`jobsight.protocol.hardware_cause` compares it: each
+"""One job's hardware over a window, as :mod:`jobsight.rules.hardware_cause` compares it: each
 GPU's clocks, temperature, power, throttle reasons and error counters (from its samples, both
 tiers), the Xids its GPUs reported, each node's host CPU, and which GPU each rank uses.
 
@@ -24,8 +24,8 @@ from typing import Any, Final
 from jobsight.collector.store.db import Connection
 from jobsight.collector.tiers import reads as tiers
 from jobsight.protocol import throttle
-from jobsight.protocol.hardware_cause import GpuCondition, Held, JobHardware, NodeCondition, Xid
 from jobsight.protocol.run_events import FIT_START
+from jobsight.rules.hardware_cause import GpuCondition, Held, JobHardware, NodeCondition, Xid
 
 START_EVENT: Final = FIT_START
 _DEVICE: Final = re.compile(r"cuda:(\d{1,4})")

@@ -4,7 +4,7 @@ cause was that GPU, with the jobs each touched.
 
 Three small sources, none of them samples: ``gpu_events`` (Xids, a few rows), the summaries of the
 jobs that ended in the period (``gpus[].faults``, collector/jobs/gpu_faults.py) and the findings
-(``evidence.cause``, jobsight/protocol/hardware_cause.py). Only what the node daemon wrote
+(``evidence.cause``, jobsight/rules/hardware_cause.py). Only what the node daemon wrote
 reaches the first two for a Slurm job (collector/ingest/self_reported.py); a run outside Slurm
 speaks for its own GPUs, so its rows are counted but marked (``self_reported``).
 
@@ -26,7 +26,8 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from jobsight.collector.store.db import Connection
-from jobsight.protocol.hardware_cause import xid_text
+from jobsight.rules.hardware_cause import xid_text
+from jobsight.rules.rule_names import EXPLAINED_RULES
 
 APPLICATION_XIDS: Final = frozenset({13, 31, 43, 45})
 """Xids an application's own error raises (a bad kernel, a page fault): not held against a GPU."""
@@ -57,7 +58,7 @@ WHERE j.end_time >= %(since)s AND j.end_time <= %(until)s AND g ? 'faults'
 _FINDINGS: Final = """
 SELECT f.cluster, f.job_id, f.gpu, f.rule, f.evidence->'cause'->>'kind' AS cause, f.opened_at AS at, j.user_name
 FROM findings f LEFT JOIN jobs j ON j.cluster = f.cluster AND j.job_id = f.job_id
-WHERE f.opened_at >= %(since)s AND f.opened_at <= %(until)s AND f.rule IN ('straggler', 'hung_rank')
+WHERE f.opened_at >= %(since)s AND f.opened_at <= %(until)s AND f.rule = ANY(%(explained)s)
   AND f.gpu IS NOT NULL AND f.evidence->'cause'->>'kind' = ANY(%(causes)s)
   AND (%(cluster)s::text IS NULL OR f.cluster = %(cluster)s)
 """
@@ -135,7 +136,8 @@ def suspect_gpus(conn: Connection, since: dt.datetime, until: dt.datetime,
                  cluster: str | None = None) -> list[SuspectGpu]:
     """Every GPU with a hardware Xid, an error counter that rose, a memory flag, or a finding it
     caused in ``[since, until]``; most jobs touched first."""
-    params: Mapping[str, Any] = {"since": since, "until": until, "cluster": cluster, "causes": list(HARDWARE_CAUSES)}
+    params: Mapping[str, Any] = {"since": since, "until": until, "cluster": cluster, "causes": list(HARDWARE_CAUSES),
+                                  "explained": list(EXPLAINED_RULES)}
     by: dict[tuple[str, str | None, int], SuspectGpu] = {}
 
     def gpu(cluster_: str, node: str | None, index: int, uuid: str | None = None) -> SuspectGpu:

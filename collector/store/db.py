@@ -1,4 +1,4 @@
-"""Connections and the one unit-of-work helper (STYLE rule 3).
+"""Connections and the one unit-of-work helper (CONTRIBUTING rule 3).
 
 Routes never catch database errors: :func:`unit_of_work` commits or rolls back and
 turns the errors a caller can act on into the two below, which the app's exception

@@ -1,4 +1,4 @@
-"""Applying and checking the Alembic schema from code (STYLE rule 5)."""
+"""Applying and checking the Alembic schema from code (CONTRIBUTING rule 5)."""
 
 from __future__ import annotations
 

@@ -33,6 +33,15 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 from sqlalchemy.types import UserDefinedType
 
+from jobsight.collector.store.packed_params import (
+    BYTE_TYPE,
+    COUNTERS,
+    HOST_PLANES,
+    PLANES,
+    STEPS,
+    TIME_PLANES,
+)
+
 metadata = MetaData(
     naming_convention={
         "ix": "ix_%(table_name)s_%(column_0_N_name)s",
@@ -52,7 +61,7 @@ class Byte(UserDefinedType[int]):
     cache_ok = True
 
     def get_col_spec(self, **kw: Any) -> str:
-        return '"char"'
+        return BYTE_TYPE
 
 
 SERIES_KEY = ("cluster", "job_id", "ts", "node")
@@ -378,7 +387,7 @@ ingest_batches = Table(
     "ingest_batches",
     metadata,
     Column("source", Text, nullable=False),
-    # Who sent it (collector/ingest/write.py ``sender_of``): a batch id is unique per sender, so nobody can
+    # Who sent it (collector/ingest/write_rights.py ``sender_of``): a batch id is unique per sender, so nobody can
     # make another's batch a duplicate. ``*``: stored before senders were recorded, any sender.
     Column("sender", Text, nullable=False),
     Column("seq", BigInteger, nullable=False),
@@ -426,7 +435,7 @@ profile_requests = Table(
     Index(None, "job_id", "state"),
 )
 
-# What the health rules (jobsight/protocol/health.py) noticed, by collector/passes/findings.py. A
+# What the health rules (jobsight/rules/health.py) noticed, by collector/passes/findings.py. A
 # finding is keyed by (job, rule, subject): at most one open at a time (the partial unique index),
 # so a restarted evaluator updates the open one instead of opening it again; a resolved one stays
 # as history, and the same condition later opens a new row.
@@ -534,9 +543,10 @@ alert_outbox = Table(
 
 # The packed tier. A closed hour of gpu_samples and gpu_minutes is rewritten by the compaction
 # pass (collector/tiers/compaction.py) into the three tables below and its raw rows removed;
-# collector/tiers/reads.py reads both tiers as one; collector/tiers/packed_format.py says how each column
-# is encoded. Every key holds job_id (the distribution column on Citus); gpu_devices is a
-# small dictionary (a reference table there).
+# collector/tiers/reads.py reads both tiers as one. docs/format/packed.md specifies the blocks'
+# format, collector/store/packed_params.py holds its numbers, collector/tiers/packed_format.py
+# encodes it. Every key holds job_id (the distribution column on Citus); gpu_devices is a small
+# dictionary (a reference table there).
 
 # One row per distinct (node, GPU index, UUID, name, MIG device) ever packed, so a packed
 # block names its GPU by a 4-byte id instead of repeating ~80 bytes of text. Only the
@@ -555,18 +565,11 @@ gpu_devices = Table(
     Index(None, "gpu_uuid", "gpu_index"),
 )
 
-SECOND_PLANES = 2
-"""Bytes of a packed sample's seconds into its block's hour (0..3599)."""
-MICRO_PLANES = 3
-"""Bytes of its microseconds into the second (0..999999)."""
-
-
 def _time_planes() -> list[Column[Any]]:
-    """A packed block's sample times (collector/tiers/time_planes.py): since migration 0018 the
-    seconds into its hour and the microseconds into the second as byte planes, ``sample_ts`` NULL;
-    before, and for times outside the hour, the times themselves in ``sample_ts``."""
-    return [Column("sample_ts", ARRAY(TS)), *(Column(f"ts_s_p{k}", ARRAY(Byte())) for k in range(SECOND_PLANES)),
-            *(Column(f"ts_us_p{k}", ARRAY(Byte())) for k in range(MICRO_PLANES))]
+    """A packed block's sample times (docs/format/packed.md): since migration 0018 the seconds into
+    its hour and the microseconds into the second as byte planes, ``sample_ts`` NULL; before, and
+    for times outside the hour, the times themselves in ``sample_ts``."""
+    return [Column("sample_ts", ARRAY(TS)), *(Column(plane, ARRAY(Byte())) for plane in TIME_PLANES)]
 
 
 # The sample times of packed blocks, one array per distinct set of times in a job-hour. The
@@ -584,28 +587,6 @@ gpu_sample_timelines = Table(
     postgresql_partition_by=PARTITION_BY,
 )
 
-PLANES: dict[str, int] = {
-    "util_gpu": 4, "util_mem": 4, "mem_used": 8, "mem_total": 8, "power_w": 4, "energy_j": 8, "temp_c": 4,
-    "sm_clock_mhz": 4, "mem_clock_mhz": 4, "pcie_tx_kbs": 4, "pcie_rx_kbs": 4, "throttle_reasons": 8,
-    "ecc_errors": 8, "process_count": 4, "sm_active": 4, "tensor_active": 4, "nvlink_crc_errors": 8,
-    "nvlink_replay_errors": 8, "nvlink_recovery_errors": 8, "pcie_replays": 8,
-}
-"""The ``gpu_samples`` columns a block keeps as byte planes (migration 0015), and how many: 4 for
-values kept as int4 (whole percents, degrees, mW, MHz, KB/s), 8 for int8 (bytes, mJ, counters)."""
-
-
-STEPS: dict[str, int] = {"power_w": 100, "energy_j": 1000, "pcie_tx_kbs": 1000, "pcie_rx_kbs": 1000,
-                         "sm_active": 10, "tensor_active": 10}
-"""The ``gpu_samples`` columns a block may keep as quotients (migration 0017), and by what: its
-integers' unit times the step is the precision the node daemon sends (0.1 W of mW, J of mJ, MB/s
-of KB/s, tenths of a GPM point of hundredths). ``<name>_step`` says a block did."""
-
-
-COUNTERS = ("energy_j",)
-"""The ``gpu_samples`` counters a block keeps as differences from the previous sample (migration
-0019) when it has no NULL: ``<name>_first`` is the block's first value, its planes the differences."""
-
-
 def _byte_planes(name: str, planes: int) -> list[Column[Any]]:
     """``<name>_base`` (int4 or int8) and ``<name>_p0``... one ``"char"[]`` per byte of the value."""
     base = Integer if planes == 4 else BigInteger
@@ -613,12 +594,12 @@ def _byte_planes(name: str, planes: int) -> list[Column[Any]]:
 
 
 # gpu_samples packed: one row per job, GPU (gpu_devices.id) and UTC hour (``ts``), each
-# measurement in timeline order (collector/tiers/packed_format.py). Since migration 0015 a
-# measurement is kept as integers (whole percents and degrees, W in mW, J in mJ; GPM ratios in
-# hundredths of a point, rounded) XORed with the block's ``<name>_base`` and cut into byte planes
-# ``<name>_p0``..., a plane of zeros not stored; as float8 in its ``_f`` twin when one value of the
-# block is not such an integer. The arrays before them (``util_gpu``, ``power_mw``, ``energy_mj``...)
-# are the format of blocks packed before 0015: read, never written.
+# measurement in timeline order (docs/format/packed.md, the numbers in store/packed_params.py).
+# Since migration 0015 a measurement is kept as integers (whole percents and degrees, W in mW, J in
+# mJ; GPM ratios in hundredths of a point, rounded) XORed with the block's ``<name>_base`` and cut
+# into byte planes ``<name>_p0``..., a plane of zeros not stored; as float8 in its ``_f`` twin
+# when one value of the block is not such an integer. The arrays before them (``util_gpu``,
+# ``power_mw``, ``energy_mj``...) are the format of blocks packed before 0015: read, never written.
 # Large arrays are compressed by TOAST (pglz) and stored out of line.
 gpu_sample_blocks = Table(
     "gpu_sample_blocks",
@@ -696,14 +677,10 @@ gpu_minute_blocks = Table(
     postgresql_partition_by=PARTITION_BY,
 )
 
-HOST_PLANES: dict[str, int] = {"cpu_util": 4, "cpu_time_s": 8, "mem_used": 8, "mem_limit": 8}
-"""The ``host_samples`` columns a block keeps as byte planes (migration 0016): ``cpu_util`` in
-hundredths of a percent (int4), ``cpu_time_s`` in microseconds and memory in bytes (int8)."""
-
 # host_samples packed: one row per job, node and UTC hour (``ts``), the sample times and each
 # measurement in time order (NULL elements included), so a packed sample reads back exactly.
 # Since migration 0016 the CPU and memory columns are byte planes of integers, as a GPU block's
-# (collector/tiers/packed_format.py); the arrays named as the columns hold a block's floats that
+# (docs/format/packed.md); the arrays named as the columns hold a block's floats that
 # are no such integers, and every column of the blocks packed before. ``block`` numbers the nodes
 # of a job-hour: ``node`` may be NULL, which a primary key cannot hold.
 _HOST_LATER = ("energy_j", "power_source", "energy_split")

@@ -47,11 +47,11 @@ from psycopg import sql
 from psycopg.rows import tuple_row
 
 from jobsight.collector.store.db import Connection
+from jobsight.collector.store.packed_params import BLOCK_INTERVAL, DEVICE_COLUMNS
 from jobsight.collector.store.partitions import PartitionKeeper, partition_name
 from jobsight.collector.store.schema import PACKED_RETENTION_TABLES, PACKED_TABLES, SAMPLE_COUNTS
 from jobsight.collector.tiers import host_tier
 from jobsight.collector.tiers.packed_format import (
-    DEVICE_COLUMNS,
     ENCODINGS,
     ORDER,
     pack_aggregates,
@@ -365,7 +365,7 @@ _DAY_JOBS_DISTRIBUTED: Final = f"""
 ORDER BY job_id
 """
 
-_UTC_HOUR: Final = f"date_bin('1 hour', ts, {HOUR_ORIGIN})"
+_UTC_HOUR: Final = f"date_bin({BLOCK_INTERVAL}, ts, {HOUR_ORIGIN})"
 
 _JOB_HOURS: Final = {
     table: f"SELECT DISTINCT {_UTC_HOUR} FROM {table} WHERE job_id = %(job)s AND ts >= %(day)s AND ts < %(until)s"
@@ -374,7 +374,7 @@ _JOB_HOURS: Final = {
 """The hours of the span in which a job has raw rows of a table (an index range of the job's rows)."""
 
 _DELETE_HOUR: Final = {
-    table: f"DELETE FROM {table} WHERE job_id = %(job)s AND ts >= %(hour)s AND ts < %(hour)s + interval '1 hour'"
+    table: f"DELETE FROM {table} WHERE job_id = %(job)s AND ts >= %(hour)s AND ts < %(hour)s + {BLOCK_INTERVAL}"
     for table in RAW_TABLES
 }
 """A job-hour's raw rows, once packed (the day still running: its partitions cannot be emptied)."""
@@ -420,7 +420,7 @@ WITH old_blocks AS (
 ), src AS (
     SELECT s.cluster, s.ts, d.id AS device, {", ".join(f"s.{c}" for c in _MEASURES)}
     FROM gpu_samples s JOIN gpu_devices d ON {_SAME_DEVICE}
-    WHERE s.job_id = %(job)s AND s.ts >= %(hour)s AND s.ts < %(hour)s + interval '1 hour'
+    WHERE s.job_id = %(job)s AND s.ts >= %(hour)s AND s.ts < %(hour)s + {BLOCK_INTERVAL}
     UNION ALL
     SELECT o.b_cluster, o.u_ts, o.b_device, {", ".join(f"o.{c}" for c in _MEASURES)}
     FROM {unpack_samples(_MEASURES, blocks="old_blocks", timelines="old_timelines", extra=("cluster", "device"))} o
@@ -485,7 +485,7 @@ WITH old AS (
     DELETE FROM gpu_minute_blocks WHERE job_id = %(job)s AND ts = %(hour)s RETURNING *
 ), src AS (
     SELECT cluster, ts, node, gpu_index, mig_uuid, {", ".join(MINUTE_VALUES)}
-    FROM gpu_minutes WHERE job_id = %(job)s AND ts >= %(hour)s AND ts < %(hour)s + interval '1 hour'
+    FROM gpu_minutes WHERE job_id = %(job)s AND ts >= %(hour)s AND ts < %(hour)s + {BLOCK_INTERVAL}
     UNION ALL
     SELECT cluster, ts, node, gpu_index, mig_uuid, {", ".join(MINUTE_VALUES)} FROM {unpack_minutes(blocks="old")} o
 ), merged AS (

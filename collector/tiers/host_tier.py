@@ -3,7 +3,7 @@
 The hot tier is ``host_samples``, a row per node and tick; the packed tier is
 ``host_sample_blocks``, a row per job, node and UTC hour with the sample times and each
 measurement in the same order: the CPU and memory columns in byte planes, as a GPU block's
-(:mod:`jobsight.collector.tiers.packed_format`), the rest as arrays; every value reads back as it
+(``docs/format/packed.md``), the rest as arrays; every value reads back as it
 was stored. An hour is in one tier or the other, but
 late samples for a packed hour land in ``host_samples`` until the next pass merges them: both
 are always read. The SQL conventions are :mod:`jobsight.collector.tiers.reads`'.
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Final
 
+from jobsight.collector.store.packed_params import BLOCK_INTERVAL
 from jobsight.collector.tiers.packed_format import (
     HOST,
     HOST_ENCODINGS,
@@ -27,9 +28,6 @@ from jobsight.collector.tiers.reads import sample_range
 from jobsight.collector.tiers.time_planes import offsets, packed_times, unpacking_times
 
 __all__ = ["HOST_VALUES", "PACK_HOUR", "RANGE", "samples"]
-
-_HOUR: Final = "interval '1 hour'"
-
 
 def _unpack(blocks: str, where: str) -> str:
     """Host blocks as rows: ``cluster``, ``ts``, ``node`` and :data:`HOST_VALUES` decoded, the
@@ -48,7 +46,7 @@ def samples(*, job: str = "%(job)s", cluster: str = "%(cluster)s", start: str | 
     bounds = ([f"ts >= {start}"] if start else []) + ([f"ts <= {end}"] if end else [])
     hot = " AND ".join([f"job_id = {job}", f"cluster = {cluster}", *bounds])
     # Blocks of hour ts hold times in [ts, ts + 1 h): the hours in the window, then its rows.
-    block_bounds = ([f"b.ts > {start} - {_HOUR}"] if start else []) + ([f"b.ts <= {end}"] if end else [])
+    block_bounds = ([f"b.ts > {start} - {BLOCK_INTERVAL}"] if start else []) + ([f"b.ts <= {end}"] if end else [])
     packed = " AND ".join([f"b.job_id = {job}", f"b.cluster = {cluster}", *block_bounds])
     columns = ", ".join(["ts", "node", *HOST_VALUES])
     return f"""(
@@ -70,7 +68,7 @@ WITH old AS (
     DELETE FROM host_sample_blocks WHERE job_id = %(job)s AND ts = %(hour)s RETURNING *
 ), src AS (
     SELECT cluster, ts, node, {", ".join(HOST_VALUES)}
-    FROM host_samples WHERE job_id = %(job)s AND ts >= %(hour)s AND ts < %(hour)s + {_HOUR}
+    FROM host_samples WHERE job_id = %(job)s AND ts >= %(hour)s AND ts < %(hour)s + {BLOCK_INTERVAL}
     UNION ALL
     {_unpack("old", "")}
 ), integers AS (

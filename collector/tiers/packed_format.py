@@ -1,67 +1,36 @@
-"""How ``gpu_samples`` columns are kept in the packed tier (``gpu_sample_blocks``), declared once.
+"""The packed tier's encoder: the SQL that packs ``gpu_samples`` and ``host_samples`` columns into
+their blocks (``gpu_sample_blocks``, ``host_sample_blocks``) and reads them back.
 
-A block is one job's samples of one GPU in one UTC hour. The sample times live in the
-block's timeline (``gpu_sample_timelines.sample_ts``, shared by the GPUs of a node that were
-sampled at the same ticks); every measurement is kept in the same order. Each column's
-:class:`Encoding` gives the SQL that packs it from the samples of a block (used by
-:mod:`jobsight.collector.tiers.compaction`) and the SQL expression that gives the value back
-from the unnested elements (used by :mod:`jobsight.collector.tiers.reads` and by the merge of
-late samples).
-
-Byte planes (migration 0015). A measurement is an integer at the precision its source has:
-whole percents and degrees (``util_gpu``, ``util_mem``, ``temp_c``), ``power_w`` in mW and
-``energy_j`` in mJ (NVML gives those), MHz, KB/s, bytes and counts as they are; the GPM ratios
-(``sm_active``, ``tensor_active``: arbitrary doubles from NVML) in hundredths of a percentage
-point, rounded, the only lossy columns (to within 0.005 points; no query reads them, and the hot
-tier keeps them as they came). Each value is XORed with the block's ``<name>_base`` (its least
-value) and cut into its bytes, one ``"char"[]`` per byte: ``<name>_p0`` the low bytes,
-``<name>_p1`` the next... A plane whose bytes are all zero is not stored (it is NULL), and a column
-whose every sample has one value stores no plane at all (``<name>_base`` alone). Why: most of a
-value's bytes are the same as its neighbours' (the high bytes of a counter, of a clock, of memory
-in use), and a plane of them compresses to nearly nothing (TOAST's pglz), where the whole values,
-whose low bytes are noise, did not compress at all. XOR (not a difference) cannot overflow, so
-every int4 and int8 fits its 4 or 8 planes. A NULL value is NULL in every stored plane; the low
-plane is stored whenever the column is not one value throughout, so that it carries the NULLs.
-
-Steps (migration 0017). The node daemon sends power in 0.1 W, energy in whole J, PCIe in whole
-MB/s and the GPM ratios in tenths (``jobsight.agent.node.precision``): coarser than the columns'
-units. A block whose every value of such a column is a multiple of its step (``schema.STEPS``:
-100 mW, 1000 mJ, 1000 KB/s, 10 hundredths) keeps the quotients in its planes and the step in
-``<name>_step``; the digits that are always zero cost nothing. Any other block keeps the values,
-so a client sending finer values loses nothing.
-
-Counters (migration 0019). ``energy_j`` grows by about the same amount every sample: its low bytes
-are noise, but its middle bytes count up and did not compress. A block with no NULL in it whose
-integers (or quotients by its step) span less than 2^31 keeps its first value in
-``energy_j_first`` and, in its first four planes, each sample's difference from the previous one
-as an int4 (the first's 0; base 0); the reader adds them up (a running sum per block, computed
-once per block read). Other blocks (``energy_j_first`` NULL) keep the values as before.
-
-A float column takes the integers only when *every* value of the block comes back bit-for-bit
-from them (checked in SQL with the very expression that decodes it; NaN, infinities and values
-out of range never do); otherwise the block keeps the column in its float8 ``_f`` twin.
-Booleans (``lost``, the fault flags) keep their own type: they change seldom, and a run of one
-value is what pglz compresses best.
-
-Blocks packed before 0015 kept integers whole (``util_gpu`` int2[], ``power_mw`` int4[],
-``energy_mj`` int4[] from ``energy_mj_base``, ``mem_used`` int8[]...): they are still read
-(``legacy``), never written; a late sample merged into such an hour repacks it in planes.
-
-A column whose values are all NULL in a block stores nothing (NULL base and arrays).
-
-Host blocks (``host_sample_blocks``, migration 0016) keep their CPU and memory columns the same
-way (:data:`HOST_ENCODINGS`): ``cpu_util`` in hundredths of a percent (the node daemon rounds it
-so), ``cpu_time_s`` in microseconds (the cgroup's unit), memory in bytes. Their float arrays,
-named as the columns, are both what blocks packed before 0016 have and the fallback.
+The format is specified in ``docs/format/packed.md``; its numbers (planes per column, scales,
+steps, counters, the device dictionary) are in :mod:`jobsight.collector.store.packed_params`. Here
+each column gets an :class:`Encoding`: the SQL that packs it from the samples of a block (used by
+:mod:`jobsight.collector.tiers.compaction` and :mod:`jobsight.collector.tiers.host_tier`) and the
+SQL expression that gives the value back from the unnested elements (used by
+:mod:`jobsight.collector.tiers.reads` and by the merge of late samples). :data:`ENCODINGS` and
+:data:`HOST_ENCODINGS` say which columns are byte planes of integers, scaled floats, a counter or
+plain arrays, and name the arrays of blocks packed before migration 0015 (``legacy``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Final
 
-from jobsight.collector.store.schema import HOST_PLANES, PLANES, SERIES_KEY, STEPS, host_samples
+from jobsight.collector.store.packed_params import (
+    BYTE_OFFSET,
+    BYTE_TYPE,
+    COUNTER_SPAN,
+    DIFFERENCE_PLANES,
+    HOST_PLANES,
+    HOST_SCALES,
+    PLANES,
+    SCALES,
+    SPAN_GUARD,
+    STEPS,
+    Scale,
+)
+from jobsight.collector.store.schema import SERIES_KEY, host_samples
 
 ORDER: Final = (
     "s.ts, s.util_gpu, s.util_mem, s.mem_used, s.mem_total, s.power_w, s.energy_j, s.temp_c, s.sm_clock_mhz, "
@@ -73,25 +42,25 @@ ORDER: Final = (
 the same order in every array (each ``array_agg`` sorts on its own unless the planner shares the
 sort) and a block packs to the same bytes however its rows were stored."""
 
-ENERGY_MJ: Final = "CASE WHEN abs(s.energy_j) < 4e12 THEN round(s.energy_j * 1000) END"
+_ENERGY: Final = SCALES["energy_j"]
+ENERGY_MJ: Final = f"CASE WHEN abs(s.energy_j) < {_ENERGY.bound} THEN round(s.energy_j * {_ENERGY.scale}) END"
 """A sample's energy in whole mJ (float8). Under 4e12 J the mJ stay under 2^53, where float8
 holds every integer."""
-
-
-BYTE: Final = '"char"'
-"""PostgreSQL's one-byte type, the element of a byte plane."""
 
 
 @dataclass(frozen=True)
 class Layout:
     """What the encodings of one packed table share: ``order``, the SQL order of a block's samples
-    (over the sample ``s``), and ``planes``, the byte planes of each column kept in planes."""
+    (over the sample ``s``); ``planes``, the byte planes of each column kept in planes; ``scales``,
+    how its float columns become integers; ``steps``, the steps its columns may be divided by."""
 
     order: str
     planes: Mapping[str, int]
+    scales: Mapping[str, Scale] = field(default_factory=dict)
+    steps: Mapping[str, int] = field(default_factory=dict)
 
 
-GPU: Final = Layout(ORDER, PLANES)
+GPU: Final = Layout(ORDER, PLANES, SCALES, STEPS)
 
 
 @dataclass(frozen=True)
@@ -174,14 +143,6 @@ _Packing = tuple[tuple[tuple[str, str], ...], tuple[str, ...], tuple[str, ...]]
 """(aggregates, stored, packed) of a column: the parts of :class:`Encoding` that pack it."""
 
 
-_SPAN_GUARD: Final = 2**62
-"""Values within +-2^62: their span does not overflow int8."""
-_DIFFERENCE_PLANES: Final = 4
-"""A counter block keeps its differences as int4, in its first four planes: its values (or their
-quotients by its step) span less than 2^31, so each difference fits, and the reader adds them up
-as int4 into int8 (sum(int8) would be numeric, several times slower)."""
-
-
 def _planes(column: str, exact: str, layout: Layout, step: int | None = None, counter: bool = False) -> _Packing:
     """(aggregates, stored, packed) of a column's byte planes, when the block's ``exact`` (SQL) holds.
 
@@ -208,10 +169,10 @@ def _planes(column: str, exact: str, layout: Layout, step: int | None = None, co
         # Differences from the previous sample, the first sample's 0, when the block has no NULL
         # and no difference can overflow; its first value is kept (``<column>_first``), its base 0.
         span = stepped(f"(s.hi_{column} - s.lo_{column})")
-        fits = (f"(s.full_{column} AND CASE WHEN s.lo_{column} > {-_SPAN_GUARD} AND s.hi_{column} < {_SPAN_GUARD} "
-                f"THEN {span} < {2**31} ELSE false END)")
+        fits = (f"(s.full_{column} AND CASE WHEN s.lo_{column} > {-SPAN_GUARD} AND s.hi_{column} < {SPAN_GUARD} "
+                f"THEN {span} < {COUNTER_SPAN} ELSE false END)")
         # As the 32 bits of an int4: the higher planes are zeros, not stored.
-        difference = f"({stepped(f'coalesce(s.i_{column} - s.pv_{column}, 0)')} & {2**32 - 1})"
+        difference = f"({stepped(f'coalesce(s.i_{column} - s.pv_{column}, 0)')} & {2**(8 * DIFFERENCE_PLANES) - 1})"
         whole = f"bool_and({fits})"
         value = f"CASE WHEN {fits} THEN {difference} ELSE {value} END"
         base, varying = f"CASE WHEN {whole} THEN 0 ELSE {base} END", (
@@ -234,7 +195,7 @@ def _planes(column: str, exact: str, layout: Layout, step: int | None = None, co
                   else f"(p.var_{column} >> {8 * k}) & 255 <> 0")
         if counter and k == 0:
             needed = f"({needed} OR p.first_{column} IS NOT NULL)"
-        plane = (f"ARRAY(SELECT (((u.x >> {8 * k}) & 255) - 128)::int4::{BYTE} "
+        plane = (f"ARRAY(SELECT (((u.x >> {8 * k}) & 255) - {BYTE_OFFSET})::int4::{BYTE_TYPE} "
                  f"FROM unnest(p.x_{column}) WITH ORDINALITY u(x, n) ORDER BY u.n)")
         packed.append(f"CASE WHEN p.x_{column} IS NOT NULL AND {needed} THEN {plane} END")
     stored = (f"{column}_base", *_plane_names(column, layout))
@@ -253,16 +214,17 @@ def _bytes(column: str, layout: Layout, prefix: str) -> str:
     """SQL: the integer whose bytes are the elements ``<prefix><column>_p<k>``; a missing higher
     plane is zeros (a NULL in the low plane is a NULL value)."""
     kind = _integer_type(column, layout)
-    parts = [f"({prefix}{plane}::int4 + 128)::{kind}" + (f" << {8 * k}" if k else "")
+    parts = [f"({prefix}{plane}::int4 + {BYTE_OFFSET})::{kind}" + (f" << {8 * k}" if k else "")
              for k, plane in enumerate(_plane_names(column, layout))]
     return " | ".join([parts[0], *(f"coalesce({p}, 0)" for p in parts[1:])])
 
 
 def _running_sum(column: str, layout: Layout) -> str:
     """SQL over the block ``b``: a counter block's values, its first plus the running sum of its
-    differences (NULL for any other block)."""
-    planes = _plane_names(column, layout)[:_DIFFERENCE_PLANES]
-    difference = _bytes(column, Layout(layout.order, {column: _DIFFERENCE_PLANES}), "u.")
+    differences (NULL for any other block). The differences are added up as int4 into int8
+    (sum(int8) would be numeric, several times slower)."""
+    planes = _plane_names(column, layout)[:DIFFERENCE_PLANES]
+    difference = _bytes(column, Layout(layout.order, {column: DIFFERENCE_PLANES}), "u.")
     return (f"CASE WHEN b.{column}_first IS NOT NULL THEN ARRAY("
             f"SELECT b.{column}_first + sum({difference}) OVER (ORDER BY u.n) "
             f"FROM unnest({', '.join(f'b.{p}' for p in planes)}) WITH ORDINALITY u({', '.join(planes)}, n) "
@@ -289,10 +251,11 @@ def _planes_decode(column: str, layout: Layout, step: int | None = None,
             f"(({decoded}) * coalesce(b_{column}_step, 1))")
 
 
-def _integers(column: str, layout: Layout = GPU, step: int | None = None) -> Encoding:
-    """An integer column (int4 or int8) in byte planes (the quotients by ``step`` when every value
-    of the block is a multiple of it); blocks packed before them kept it whole (an array named as
-    the column)."""
+def _integers(column: str, layout: Layout = GPU) -> Encoding:
+    """An integer column (int4 or int8) in byte planes (the quotients by its step, if the layout
+    has one, when every value of the block is a multiple of it); blocks packed before them kept it
+    whole (an array named as the column)."""
+    step = layout.steps.get(column)
     aggregates, stored, packed = _planes(column, "true", layout, step)
     carried, _, decoded = _planes_decode(column, layout, step)
     return Encoding(
@@ -324,21 +287,22 @@ def _with_fallback(column: str, exact: str, layout: Layout, fallback: str, step:
     return (*aggregates, (fallback, floats)), (*stored, fallback), (*packed, f"p.{fallback}")
 
 
-def _scaled(column: str, legacy: str | None, scale: int, bound: int, *, rounded: bool = False,
-            layout: Layout = GPU, fallback: str | None = None, step: int | None = None) -> Encoding:
-    """A float8 column whose values are ``integer / scale``: byte planes of the integers (of their
-    quotients by ``step`` when every one is a multiple of it), when every value of the block
-    comes back exactly (or, ``rounded``, fits), else the floats in ``fallback`` (by default
-    ``<column>_f``). ``legacy`` is the integer array of blocks packed before 0015, if the column
-    had one."""
+def _scaled(column: str, legacy: str | None, *, layout: Layout = GPU, fallback: str | None = None) -> Encoding:
+    """A float8 column whose values are ``integer / scale`` (its :class:`Scale` in the layout):
+    byte planes of the integers (of their quotients by its step, if it has one, when every one is
+    a multiple of it), when every value of the block comes back exactly (or, ``rounded``, fits),
+    else the floats in ``fallback`` (by default ``<column>_f``). ``legacy`` is the integer array of
+    blocks packed before 0015, if the column had one."""
+    scale, step = layout.scales[column].scale, layout.steps.get(column)
     fallback = fallback or f"{column}_f"
     scaled = f"s.{column}::float8{f' * {scale}' if scale != 1 else ''}"
+    bound = layout.scales[column].bound
     integer = (f"CASE WHEN s.{column} BETWEEN {-bound} AND {bound} "
                f"THEN round({scaled})::{_integer_type(column, layout)} END")
     # The test decodes with the reader's expression, so "exact" means bit-for-bit (but for -0.0).
     # BETWEEN also refuses NaN and infinities, which PostgreSQL would otherwise call equal.
     aggregates, stored, packed = _with_fallback(
-        column, _exact(column, None if rounded else scale), layout, fallback, step)
+        column, _exact(column, None if layout.scales[column].rounded else scale), layout, fallback, step)
     carried, _, decoded = _planes_decode(column, layout, step)
     integers = f"coalesce(u_{legacy}, {decoded})" if legacy else decoded
     return Encoding(
@@ -359,9 +323,9 @@ def _energy() -> Encoding:
     """``energy_j``: byte planes of whole mJ, when every value is whole mJ under 4e12 J; a counter
     (its differences, migration 0019). Blocks before 0015 kept int4 offsets (``energy_mj``) from a
     base (``energy_mj_base``)."""
-    step = STEPS["energy_j"]
-    aggregates, stored, packed = _with_fallback("energy_j", _exact("energy_j", 1000), GPU, "energy_j_f", step,
-                                                counter=True)
+    step = GPU.steps["energy_j"]
+    aggregates, stored, packed = _with_fallback("energy_j", _exact("energy_j", _ENERGY.scale), GPU, "energy_j_f",
+                                                step, counter=True)
     carried, computed, decoded = _planes_decode("energy_j", GPU, step, counter=True)
     return Encoding(
         column="energy_j",
@@ -372,7 +336,8 @@ def _energy() -> Encoding:
         packed=packed,
         arrays=("energy_j_f", "energy_mj"),
         carried=(*carried, "b.energy_mj_base AS b_energy_mj_base"),
-        decode=f"coalesce(u_energy_j_f, (coalesce(b_energy_mj_base + u_energy_mj, {decoded}))::float8 / 1000)",
+        decode=(f"coalesce(u_energy_j_f, (coalesce(b_energy_mj_base + u_energy_mj, {decoded}))::float8 "
+                f"/ {_ENERGY.scale})"),
         legacy=("energy_mj_base", "energy_mj"),
         computed=computed,
     )
@@ -416,22 +381,22 @@ def unpacking(encodings: Sequence[Encoding]) -> tuple[list[str], list[str]]:
 ENCODINGS: Final[dict[str, Encoding]] = {
     e.column: e
     for e in (
-        _scaled("util_gpu", "util_gpu", 1, 32767),
-        _scaled("util_mem", "util_mem", 1, 32767),
+        _scaled("util_gpu", "util_gpu"),
+        _scaled("util_mem", "util_mem"),
         _integers("mem_used"),
         _integers("mem_total"),
-        _scaled("power_w", "power_mw", 1000, 2_000_000, step=STEPS["power_w"]),
+        _scaled("power_w", "power_mw"),
         _energy(),
-        _scaled("temp_c", "temp_c", 1, 32767),
+        _scaled("temp_c", "temp_c"),
         _integers("sm_clock_mhz"),
         _integers("mem_clock_mhz"),
-        _integers("pcie_tx_kbs", step=STEPS["pcie_tx_kbs"]),
-        _integers("pcie_rx_kbs", step=STEPS["pcie_rx_kbs"]),
+        _integers("pcie_tx_kbs"),
+        _integers("pcie_rx_kbs"),
         _integers("throttle_reasons"),
         _integers("ecc_errors"),
         _integers("process_count"),
-        _scaled("sm_active", "sm_active", 100, 327, rounded=True, step=STEPS["sm_active"]),
-        _scaled("tensor_active", "tensor_active", 100, 327, rounded=True, step=STEPS["tensor_active"]),
+        _scaled("sm_active", "sm_active"),
+        _scaled("tensor_active", "tensor_active"),
         _plain("lost"),
         _integers("nvlink_crc_errors"),
         _integers("nvlink_replay_errors"),
@@ -442,27 +407,23 @@ ENCODINGS: Final[dict[str, Encoding]] = {
         _plain("retired_pages_pending"),
     )
 }
-"""Every measurement column of ``gpu_samples``, in table order."""
-
-DEVICE_COLUMNS: Final = ("node", "gpu_index", "gpu_uuid", "gpu_name", "mig_uuid")
-"""The ``gpu_samples`` columns a block names through ``gpu_devices``."""
+"""Every measurement column of ``gpu_samples``, in table order: byte planes of integers (scaled
+floats among them), the energy counter, the booleans as plain arrays."""
 
 
 HOST_VALUES: Final = tuple(c.name for c in host_samples.columns if c.name not in SERIES_KEY)
 """The measurements of a host sample (``cpu_util``, ``cpu_time_s``, ``mem_used``, ``mem_limit``,
 the node's ``energy_j`` and where it came from)."""
 
-HOST: Final = Layout(", ".join(f"s.{c}" for c in ("ts", *HOST_VALUES)), HOST_PLANES)
+HOST: Final = Layout(", ".join(f"s.{c}" for c in ("ts", *HOST_VALUES)), HOST_PLANES, HOST_SCALES)
 """``host_sample_blocks``: every array in the same order, all columns breaking ties, so that the
 arrays stay in step even for two samples of one node at one time."""
 
 HOST_ENCODINGS: Final[dict[str, Encoding]] = {
     e.column: e
     for e in (
-        # The agent sends hundredths of a percent; a block with any other value keeps its floats.
-        _scaled("cpu_util", None, 100, 1_000_000, layout=HOST, fallback="cpu_util"),
-        # Seconds from the cgroup's microseconds (cgroup v2) or clock ticks (/proc); v1's ns stay floats.
-        _scaled("cpu_time_s", None, 1_000_000, 9_000_000_000_000, layout=HOST, fallback="cpu_time_s"),
+        _scaled("cpu_util", None, layout=HOST, fallback="cpu_util"),
+        _scaled("cpu_time_s", None, layout=HOST, fallback="cpu_time_s"),
         _integers("mem_used", HOST),
         _integers("mem_limit", HOST),
         _plain("energy_j", HOST),

@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Final
 
+from jobsight.collector.store.packed_params import BLOCK_INTERVAL
 from jobsight.collector.store.schema import MINUTE_KEY, SAMPLE_COUNTS, gpu_minutes
 from jobsight.collector.tiers.packed_format import ENCODINGS, unpacking
 from jobsight.collector.tiers.time_planes import unpacking_times
@@ -27,16 +28,13 @@ SAMPLE_KEY: Final = ("ts", "node", "gpu_index", "gpu_uuid", "gpu_name", "mig_uui
 MINUTE_VALUES: Final = tuple(c.name for c in gpu_minutes.columns if c.name not in MINUTE_KEY)
 """The rollup's value columns (``gpu_uuid``, ``samples``, sums, counts, extremes...)."""
 
-_HOUR: Final = "interval '1 hour'"
-
-
 def _bounds(column: str, start: str | None, end: str | None) -> list[str]:
     return ([f"{column} >= {start}"] if start else []) + ([f"{column} <= {end}"] if end else [])
 
 
 def _block_bounds(alias: str, start: str | None, end: str | None) -> list[str]:
     """A block of hour ``ts`` holds times in [ts, ts + 1 h)."""
-    return ([f"{alias}.ts > {start} - {_HOUR}"] if start else []) + ([f"{alias}.ts <= {end}"] if end else [])
+    return ([f"{alias}.ts > {start} - {BLOCK_INTERVAL}"] if start else []) + ([f"{alias}.ts <= {end}"] if end else [])
 
 
 def _block_parts(start: str | None, end: str | None) -> list[tuple[list[str], bool]]:
@@ -47,7 +45,7 @@ def _block_parts(start: str | None, end: str | None) -> list[tuple[list[str], bo
     rather than sorting them all."""
     if start is None and end is None:
         return [([], False)]
-    inside = ([f"b.ts >= {start}"] if start else []) + ([f"b.ts + {_HOUR} <= {end}"] if end else [])
+    inside = ([f"b.ts >= {start}"] if start else []) + ([f"b.ts + {BLOCK_INTERVAL} <= {end}"] if end else [])
     overlapping = _block_bounds("b", start, end)
     return [([*overlapping, *inside], False), ([*overlapping, f"NOT ({' AND '.join(inside)})"], True)]
 
@@ -147,7 +145,7 @@ def samples_near(
     unpacked once, where a read per time would unpack it again for each (a block is a GPU's whole
     hour, and a counter's is a running sum)."""
     hours = (f"ARRAY(SELECT DISTINCT h FROM unnest({times}) t, "
-             f"generate_series(date_trunc('hour', t - {near}, 'UTC'), t + {near}, interval '1 hour') h)")
+             f"generate_series(date_trunc('hour', t - {near}, 'UTC'), t + {near}, {BLOCK_INTERVAL}) h)")
     where = [f"b.job_id = {job}", f"b.cluster = {cluster}", f"b.ts = ANY({hours})", f"t.ts = ANY({hours})"]
     selected = ", ".join(["p.u_ts AS ts", *(f"d.{k}" for k in SAMPLE_KEY[1:]), *(f"p.{c}" for c in columns)])
     packed = f"SELECT {selected} FROM {unpack_samples(columns, where=where, extra=('device',))} p " \

@@ -1,31 +1,32 @@
-"""A packed block's sample times as byte planes (migration 0018), for GPU timelines and host blocks.
+"""The SQL that packs and reads a block's sample times as byte planes (migration 0018), for GPU
+timelines and host blocks.
 
-A block holds the samples of one UTC hour, so each time is its hour plus an offset under an hour:
-whole seconds (0..3599) and microseconds into the second (0..999999). Those two integers are cut
-into bytes, one ``"char"[]`` per byte as the measurements are (:mod:`.packed_format`):
-``ts_s_p0``/``ts_s_p1`` the seconds, ``ts_us_p0``.. ``ts_us_p2`` the microseconds. Why: a
-timestamptz[] costs 8 bytes a sample before compression and pglz found only the repeated high
-bytes (5.5 B a tick); the seconds of a 1 Hz series count up and compress to almost nothing, and
-only the tick's lateness (a few hundred microseconds: one or two planes) costs what it carries.
-
-A plane whose bytes are all zero is not stored (NULL), except ``ts_s_p0``, which is always
-stored: arrays unnested side by side give as many rows as the longest, and a block whose every
-measurement is one value stores no array but its times. A block whose times do not all fall in
-its hour (none the pass makes) keeps them in ``sample_ts``, as every block packed before 0018 does;
-such a block stores no plane.
+The format is in ``docs/format/packed.md`` ("Time planes"); its numbers (:data:`TIME_PLANES`,
+seconds and microseconds planes) in :mod:`jobsight.collector.store.packed_params`. In short: each
+time is its block's hour plus whole seconds (``ts_s_p0``, ``ts_s_p1``) and microseconds into the
+second (``ts_us_p0``.. ``ts_us_p2``), cut into bytes as the measurements are. A plane of zeros is
+not stored (NULL), except ``ts_s_p0``, which is always stored: arrays unnested side by side give as
+many rows as the longest, and a block whose every measurement is one value stores no array but its
+times. A block whose times do not all fall in its hour (none the pass makes) keeps them in
+``sample_ts``, as every block packed before 0018 does, and stores no plane.
 """
 
 from __future__ import annotations
 
 from typing import Final
 
-from jobsight.collector.store.schema import MICRO_PLANES, SECOND_PLANES
+from jobsight.collector.store.packed_params import (
+    BLOCK_SECONDS,
+    BYTE_OFFSET,
+    BYTE_TYPE,
+    MICRO_PLANES,
+    MICROS_PER_SECOND,
+    SECOND_PLANES,
+    TIME_PLANES,
+)
 
-TIME_PLANES: Final = (*(f"ts_s_p{k}" for k in range(SECOND_PLANES)), *(f"ts_us_p{k}" for k in range(MICRO_PLANES)))
-"""The columns a block's times are kept in, besides ``sample_ts``."""
-
-_US: Final = 1_000_000
-_HOUR_US: Final = 3600 * _US
+_US: Final = MICROS_PER_SECOND
+_HOUR_US: Final = BLOCK_SECONDS * _US
 
 
 # No "%" in this SQL: it is run with parameters, where psycopg would read it as a placeholder.
@@ -43,7 +44,7 @@ def offsets(times: str, hour: str) -> str:
 
 
 def _plane(part: str, k: int) -> str:
-    return (f"ARRAY(SELECT ((({part} >> {8 * k}) & 255) - 128)::int4::\"char\" "
+    return (f"ARRAY(SELECT ((({part} >> {8 * k}) & 255) - {BYTE_OFFSET})::int4::{BYTE_TYPE} "
             f"FROM unnest(m.e) WITH ORDINALITY u(e, n) ORDER BY u.n)")
 
 
@@ -62,7 +63,7 @@ def packed_times(times: str) -> tuple[str, str]:
 
 def _integer(prefix: str, planes: int) -> str:
     """The integer of a sample from its unnested planes ``u_<prefix><k>``; a missing plane is zeros."""
-    return " | ".join(f"coalesce((u_{prefix}{k}::int4 + 128) << {8 * k}, 0)" for k in range(planes))
+    return " | ".join(f"coalesce((u_{prefix}{k}::int4 + {BYTE_OFFSET}) << {8 * k}, 0)" for k in range(planes))
 
 
 def unpacking_times(block: str) -> tuple[list[str], str]:

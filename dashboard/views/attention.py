@@ -13,7 +13,7 @@ from jobsight.dashboard.identity import viewer_or_stop
 from jobsight.dashboard.settings import dashboard_settings
 from jobsight.dashboard.url_state import Param
 from jobsight.dashboard.views.job_health import RULE_LABEL, SEVERITY_MARK, SEVERITY_ORDER, moment_of, moment_url
-from jobsight.protocol.health import RULES
+from jobsight.rules.rule_names import RULES
 
 settings = dashboard_settings()
 viewer = viewer_or_stop(settings)

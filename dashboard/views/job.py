@@ -19,7 +19,8 @@ from jobsight.dashboard.identity import viewer_or_stop
 from jobsight.dashboard.markup import plain, plain_join
 from jobsight.dashboard.settings import dashboard_settings
 from jobsight.dashboard.views import job_actions, job_epochs, job_health
-from jobsight.protocol import diagnosis, job_states, links
+from jobsight.protocol import diagnosis
+from jobsight.rules import job_states, links
 
 settings = dashboard_settings()
 viewer = viewer_or_stop(settings)
@@ -136,14 +137,14 @@ def training() -> None:
     if steps.empty:
         st.info("No step timings: the training script has no jobsight callback, or has not finished a step.")
     else:
-        stragglers = charts.find_stragglers(steps)
+        view = data.step_view(steps, settings.line_points)
+        stragglers = view.stragglers
         if stragglers:
             ratio = diagnosis.DEFAULT_THRESHOLDS.straggler_ratio
             quantity = ("own work per step (data wait + forward; the other ranks wait for it in the all-reduce)"
-                        if charts.compares_own_work(steps) else "mean step time")
+                        if view.own_work else "mean step time")
             st.warning(f"Straggler rank(s): {', '.join(map(str, stragglers))} — {quantity} at least "
                        f"{ratio:.2f}× the median rank's.")
-        view = charts.step_view(steps, stragglers, settings.line_points)
         st.altair_chart(charts.step_chart(view, domain, overlay), width="stretch")
         if view.band is not None:
             alone = ", ".join(f"{r}" + (" (straggler)" if r in stragglers else "") for r in view.outliers)

@@ -15,7 +15,7 @@ import pandas as pd
 import streamlit as st
 
 from jobsight.dashboard import charts, data
-from jobsight.protocol import energy_text
+from jobsight.rules import energy_text
 
 GROWING = "≥ still growing"
 """The mark of a figure of a running job that will still grow."""

@@ -3,7 +3,7 @@
 On the job page: a banner of the job's open findings (most severe first; critical as an error,
 warning as a warning, info as a note), each with its evidence and a link to its moment in the
 timeline; the resolved ones in a collapsed "History". The link opens the job page with ``t``
-(:data:`MOMENT_PARAM`, see :mod:`jobsight.protocol.links`) set, and the page then scrolls to a
+(:data:`MOMENT_PARAM`, see :mod:`jobsight.rules.links`) set, and the page then scrolls to a
 view of every GPU and rank over the minutes around that moment, marked with a red rule
 (:func:`show` draws that too), while the charts further down keep the whole run.
 
@@ -25,7 +25,8 @@ from jobsight.collector.query.grids import points_per_series
 from jobsight.dashboard import charts, data
 from jobsight.dashboard.markup import plain
 from jobsight.dashboard.settings import dashboard_settings
-from jobsight.protocol import links
+from jobsight.rules import links
+from jobsight.rules.rule_names import HUNG_RANK, IDLE_ALLOCATION, LOW_UTILISATION, MEMORY_UNUSED, STRAGGLER
 
 JOB_PAGE: Final = "views/job.py"
 """The job page as ``st.page_link`` names it (relative to the app's main script)."""
@@ -68,9 +69,9 @@ _BOX: Final[Mapping[str, tuple[Callable[..., Any], str]]] = {
     "warning": (st.warning, ":material/warning:"),
     "info": (st.info, ":material/info:"),
 }
-RULE_LABEL: Final = {"hung_rank": "hung", "straggler": "straggler", "idle_allocation": "idle GPUs",
-                     "low_utilisation": "low util", "memory_unused": "memory unused"}
-"""Short names of the rules of :mod:`jobsight.protocol.health` for table cells."""
+RULE_LABEL: Final = {HUNG_RANK: "hung", STRAGGLER: "straggler", IDLE_ALLOCATION: "idle GPUs",
+                     LOW_UTILISATION: "low util", MEMORY_UNUSED: "memory unused"}
+"""Short names of the rules of :mod:`jobsight.rules.health` for table cells."""
 
 
 def mark(finding: Mapping[str, Any]) -> str:
@@ -85,7 +86,7 @@ def health_cell(open_findings: list[dict[str, Any]]) -> str:
 
 
 def moment_of(finding: Mapping[str, Any]) -> dt.datetime:
-    """The moment a finding points at (:func:`jobsight.protocol.links.finding_moment`)."""
+    """The moment a finding points at (:func:`jobsight.rules.links.finding_moment`)."""
     at = finding.get("at_ts")
     # A row of a data frame holds NaT for a missing time, and NaT is truthy.
     moment = links.finding_moment(None if at is None or pd.isna(at) else at, finding["opened_at"])
@@ -198,7 +199,7 @@ def _moment(ref: data.JobRef, job: Mapping[str, Any], moment: dt.datetime, text:
         st.altair_chart(alt.layer(charts.gpu_heatmap(frame, domain), rule), width="stretch",
                         height=charts.heatmap_height(frame))
     if not steps.empty:
-        view = charts.step_view(steps, charts.find_stragglers(steps), settings.line_points)
+        view = data.step_view(steps, settings.line_points)
         st.altair_chart(charts.step_chart(view, domain, alt.LayerChart(layer=[rule])), width="stretch")
     if gpus.empty and steps.empty:
         st.info("No GPU samples or steps of this job around this moment.")

@@ -13,7 +13,7 @@ from jobsight.dashboard.markup import plain
 from jobsight.dashboard.settings import dashboard_settings
 from jobsight.dashboard.url_state import Param
 from jobsight.dashboard.views.job_health import health_cell
-from jobsight.protocol import job_states, links
+from jobsight.rules import job_states, links
 
 settings = dashboard_settings()
 viewer = viewer_or_stop(settings)

@@ -22,7 +22,7 @@ from jobsight.dashboard.identity import viewer_or_stop
 from jobsight.dashboard.markup import plain
 from jobsight.dashboard.settings import dashboard_settings
 from jobsight.dashboard.url_state import Param
-from jobsight.protocol import links
+from jobsight.rules import links
 
 settings = dashboard_settings()
 viewer = viewer_or_stop(settings)

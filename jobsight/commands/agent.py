@@ -22,9 +22,11 @@ from types import FrameType
 from typing import Any, Final
 
 from jobsight.agent.node.daemon import MIN_INTERVAL_S, NodeDaemon
-from jobsight.agent.node.kineto_service import KinetoService, write_status
-from jobsight.agent.node.nvml import NvmlSampler, NvmlUnavailable
-from jobsight.agent.node.power_sources import build_node_energy
+from jobsight.agent.node.gpu.nvml import NvmlUnavailable
+from jobsight.agent.node.gpu.sampler import NvmlSampler
+from jobsight.agent.node.kineto.heartbeat import write_status
+from jobsight.agent.node.kineto.service import KinetoService
+from jobsight.agent.node.power.sources import build_node_energy
 from jobsight.agent.settings import AgentSettings, load_agent_settings
 from jobsight.agent.shipping.shipper import Shipper, get_shipper
 from jobsight.commands.cli_error import CliError

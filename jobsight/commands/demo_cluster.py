@@ -1,6 +1,6 @@
 """The simulated cluster of ``jobsight up --demo``, run as ``python -m jobsight.commands.demo_cluster``.
 
-Two simulated nodes, each with 8 simulated GPUs (:mod:`jobsight.agent.node.simulated_gpus`,
+Two simulated nodes, each with 8 simulated GPUs (:mod:`jobsight.agent.node.gpu.simulated`,
 read like NVML) and a shipper of its own (the agent's real one: queue, batches, spool, the one
 collector client), carry the job of :mod:`jobsight.commands.demo_story`. Every
 ``sample_interval_s`` (1 s) each node reads its GPUs and ships one ``gpu_sample`` per GPU, and
@@ -27,7 +27,7 @@ from collections.abc import Callable
 from types import FrameType
 from typing import Any, Final
 
-from jobsight.agent.node.simulated_gpus import SimulatedGpus
+from jobsight.agent.node.gpu.simulated import SimulatedGpus
 from jobsight.agent.settings import AgentSettings, load_agent_settings
 from jobsight.agent.shipping.shipper import Shipper
 from jobsight.collector.config.settings import SettingsError

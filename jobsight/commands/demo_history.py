@@ -26,7 +26,7 @@ from typing import Any, Final
 import psycopg
 from psycopg.rows import dict_row
 
-from jobsight.agent.node.simulated_gpus import IDLE_W, MEMORY_TOTAL, NAME, TDP_W, gpu_uuid
+from jobsight.agent.node.gpu.simulated import IDLE_W, MEMORY_TOTAL, NAME, TDP_W, gpu_uuid
 from jobsight.collector.ingest import write as ingest
 from jobsight.collector.store.migrate import libpq_url
 from jobsight.collector.store.partitions import PartitionKeeper

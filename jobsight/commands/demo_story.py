@@ -31,7 +31,7 @@ import random
 from dataclasses import dataclass
 from typing import Any, Final
 
-from jobsight.agent.node.simulated_gpus import GiB, GpuLoad
+from jobsight.agent.node.gpu.simulated import GiB, GpuLoad
 from jobsight.protocol.step_phases import BACKWARD, FORWARD, PendingPhase
 
 CLUSTER: Final = "simulated"

@@ -12,7 +12,7 @@ ASCII and every control character as a JSON escape, and the collector's words in
 terminal-safe too (they may quote the job).
 
 The dashboard links (the job's page, each finding's moment on it, the audit of the job's days)
-are built by :mod:`jobsight.protocol.links` under the dashboard's public URL, which the
+are built by :mod:`jobsight.rules.links` under the dashboard's public URL, which the
 collector's summary answer gives (``JOBSIGHT_DASHBOARD_URL`` on the collector's side).
 """
 
@@ -28,8 +28,8 @@ from urllib.parse import quote
 from jobsight.agent.settings import AgentSettings, load_agent_settings
 from jobsight.agent.shipping.client import CollectorClient
 from jobsight.commands.cli_error import CliError
-from jobsight.protocol.report_text import format_report
 from jobsight.protocol.terminal_text import terminal_safe
+from jobsight.rules.report_text import format_report
 
 TIMEOUT_S: Final = 10.0
 

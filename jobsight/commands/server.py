@@ -26,7 +26,7 @@ def configure_parser(name: str, parser: argparse.ArgumentParser) -> None:
         parser.add_argument("--downgrade", metavar="REVISION", help="downgrade to REVISION (e.g. base)")
         parser.add_argument("--citus", action="store_true",
                             help="then distribute the schema on the Citus coordinator JOBSIGHT_DATABASE_URL "
-                                 "names (idempotent; README Scale)")
+                                 "names (idempotent; docs/scale.md)")
 
 
 def load_settings() -> CollectorSettings:

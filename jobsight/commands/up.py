@@ -31,8 +31,8 @@ from jobsight.commands.cli_error import CliError
 from jobsight.commands.dashboard import checked_settings, streamlit_argv, streamlit_env
 from jobsight.commands.demo_settings import DemoSettings, load_demo_settings
 from jobsight.commands.server import load_settings
-from jobsight.protocol import links
 from jobsight.protocol.terminal_text import terminal_safe
+from jobsight.rules import links
 
 log = logging.getLogger("jobsight.up")
 

@@ -1,0 +1,1 @@
+"""One module per schema revision, in order; each has a real ``downgrade()``."""

@@ -18,8 +18,8 @@ from typing import Any
 
 import pytest
 
-from jobsight.agent.node.gpu_reading import GpuReading
-from jobsight.agent.node.nvml import NvmlSampler
+from jobsight.agent.node.gpu.reading import GpuReading
+from jobsight.agent.node.gpu.sampler import NvmlSampler
 from jobsight.protocol.wire import encode_batch
 from tests.collector.helpers import next_seq, post
 

@@ -136,7 +136,7 @@ def test_a_policy_listing_accounts_is_refused_unless_accounting_enforces_them(li
 
 
 def test_the_reason_counts_from_when_the_gpus_went_idle() -> None:
-    """README's policy: the finding opens after 30 min idle and acts 2 h later; the job was idle 2.5 h."""
+    """docs/health.md's policy: the finding opens after 30 min idle and acts 2 h later; the job was idle 2.5 h."""
     went_idle = NOW - dt.timedelta(minutes=150)
     assert reason(policy(), idle_for(120, idle_since=went_idle), NOW) == "jobsight: GPUs idle 2.5 h (policy gpu-idle)"
     assert reason(policy(), idle_for(120), NOW) == "jobsight: GPUs idle 2 h (policy gpu-idle)"  # evidence silent

@@ -36,9 +36,9 @@ from jobsight.collector.passes.slurm_jobs import (
     requeue_job,
     write_admin_comment,
 )
-from jobsight.protocol.report_text import format_report
 from jobsight.protocol.tokens import mint_job_token, mint_node_token
 from jobsight.protocol.wire import encode_batch
+from jobsight.rules.report_text import format_report
 from tests.collector.helpers import SECRET, gz, next_seq, now_us, post
 
 S = 1_000_000

@@ -33,7 +33,7 @@ from jobsight.collector.store import migrate
 from jobsight.collector.store.embedded_db import EmbeddedPostgres
 from jobsight.collector.store.partitions import PartitionKeeper, partition_name
 from jobsight.collector.tiers import compaction, host_tier
-from jobsight.protocol.report_text import format_report
+from jobsight.rules.report_text import format_report
 from tests.collector.helpers import gz, post
 from tests.conftest import create_database
 

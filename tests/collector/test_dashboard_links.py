@@ -16,9 +16,9 @@ from psycopg.types.json import Jsonb
 
 from jobsight.collector.passes.alert_messages import compose
 from jobsight.collector.passes.alerts import AlertSender, enqueue
-from jobsight.protocol import links
-from jobsight.protocol.report_text import format_report
 from jobsight.protocol.wire import now_us
+from jobsight.rules import links
+from jobsight.rules.report_text import format_report
 from tests.collector.helpers import gz, post
 from tests.collector.test_alerts import (  # noqa: F401 (receiver: the fixture)
     Receiver,

@@ -1,4 +1,4 @@
-"""The schema stays ready to be distributed by job id (Citus; README "Scale").
+"""The schema stays ready to be distributed by job id (Citus; docs/scale.md).
 
 Citus accepts a primary key, unique constraint or unique index on a distributed table only
 when it contains the distribution column: uniqueness is then checked inside one shard. So
@@ -111,7 +111,7 @@ def test_the_exceptions_are_still_needed(database_url: str) -> None:
 
 
 def test_every_table_is_placed(database_url: str) -> None:
-    """A table without job_id must say how it is distributed (README "Scale" names them)."""
+    """A table without job_id must say how it is distributed (docs/scale.md names them)."""
     with psycopg.connect(database_url) as conn:
         unplaced = all_tables(conn) - tables_with_column(conn, DISTRIBUTION_COLUMN) - set(NOT_BY_JOB)
     assert unplaced == set(), f"tables without {DISTRIBUTION_COLUMN}: place them in jobsight.collector.store.citus"

@@ -13,7 +13,7 @@ import psycopg
 import pytest
 from psycopg.rows import dict_row
 
-from jobsight.agent.node.gpu_reading import GpuReading
+from jobsight.agent.node.gpu.reading import GpuReading
 from jobsight.collector.query import audit as audit_queries
 from jobsight.collector.query.energy_so_far import energy_so_far_kwh
 from jobsight.protocol.wire import now_us

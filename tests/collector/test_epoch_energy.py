@@ -13,7 +13,7 @@ import psycopg
 import pytest
 from psycopg.rows import dict_row
 
-from jobsight.agent.node.gpu_reading import GpuReading
+from jobsight.agent.node.gpu.reading import GpuReading
 from jobsight.collector.query import epoch_steps
 from jobsight.collector.query.epoch_energy import BOTH, COUNTER, POWER_INTEGRAL
 from jobsight.collector.store import migrate

@@ -1,7 +1,7 @@
 """The health evaluator over the real database: GPUs read from the fake libnvidia-ml.so.1 by the
 real pynvml at 0 % for the idle rule, steps through the ingest path for the hung rank, and what
 a restart, a recovery and a job's end do to open findings. The rules' own edge cases are in
-tests/protocol/test_health_rules.py; real DDP runs in tests/frameworks/test_health_ddp.py."""
+tests/rules/test_health_rules.py; real DDP runs in tests/frameworks/test_health_ddp.py."""
 
 from __future__ import annotations
 
@@ -17,11 +17,11 @@ import psycopg
 import pytest
 from psycopg.rows import dict_row
 
-from jobsight.agent.node.nvml import NvmlSampler
+from jobsight.agent.node.gpu.sampler import NvmlSampler
 from jobsight.collector.config.health import load_health_settings
 from jobsight.collector.passes.findings import HealthEvaluator
-from jobsight.protocol.report_text import format_report
 from jobsight.protocol.step_phases import BACKWARD, FORWARD, PendingPhase
+from jobsight.rules.report_text import format_report
 from tests.collector.helpers import gz, post
 
 FAKE = Path(__file__).resolve().parents[1] / "fake_nvml" / "scenarios"

@@ -21,15 +21,15 @@ import psycopg
 import pytest
 from psycopg.rows import dict_row
 
-from jobsight.agent.node.nvml import NvmlSampler
+from jobsight.agent.node.gpu.sampler import NvmlSampler
 from jobsight.collector.config.alerts import load_alert_settings
 from jobsight.collector.config.health import load_health_settings
 from jobsight.collector.passes.findings import HealthEvaluator
 from jobsight.collector.passes.notices import notice_key
 from jobsight.collector.passes.suspects import alert_suspects
 from jobsight.collector.query.suspects import suspect_gpus
-from jobsight.protocol.report_text import format_report
 from jobsight.protocol.tokens import mint_job_token
+from jobsight.rules.report_text import format_report
 from tests.collector.helpers import SECRET, gz, post
 
 RANKS = 8

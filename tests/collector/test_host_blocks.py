@@ -15,10 +15,10 @@ from psycopg.rows import dict_row
 
 from jobsight.collector.store import migrate, schema
 from jobsight.collector.store.embedded_db import EmbeddedPostgres
+from jobsight.collector.store.packed_params import TIME_PLANES
 from jobsight.collector.store.partitions import PartitionKeeper
 from jobsight.collector.tiers import compaction, host_tier
 from jobsight.collector.tiers.packed_format import HOST_ENCODINGS, HOST_VALUES
-from jobsight.collector.tiers.time_planes import TIME_PLANES
 from tests.conftest import own_database
 
 hypothesis = pytest.importorskip("hypothesis", reason="hypothesis is not installed (the dev extra)")

@@ -53,7 +53,7 @@ from jobsight.collector.passes.alert_messages import (
 )
 from jobsight.collector.passes.alerts import AlertSender, enqueue
 from jobsight.collector.passes.findings import HealthEvaluator
-from jobsight.protocol import links
+from jobsight.rules import links
 from tests.collector.helpers import gz, post
 from tests.collector.test_alerts import Receiver, receiver, settings_with, sink_name  # noqa: F401 (the fixture)
 

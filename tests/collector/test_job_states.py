@@ -14,9 +14,9 @@ import pytest
 from psycopg.rows import dict_row
 
 from jobsight.collector.query import audit as audit_queries
-from jobsight.protocol import job_states
-from jobsight.protocol.report_text import format_report
 from jobsight.protocol.wire import now_us
+from jobsight.rules import job_states
+from jobsight.rules.report_text import format_report
 from tests.collector.helpers import gz, post
 
 S = 1_000_000

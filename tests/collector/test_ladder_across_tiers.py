@@ -4,7 +4,7 @@ whichever tier holds it, so the hourly packing of closed hours neither closes no
 Everything runs as the collector runs it, on a clock moved 5 minutes at a time: the node daemon's
 samples and the prolog's registration through the ingest path (node tokens), the compaction pass
 with the default ``JOBSIGHT_HOT_MINUTES``, the health evaluator with its default thresholds, and the
-actions pass with the README's policy (warn at 30 min, again at 1 h, cancel at 2 h; a dry run). The
+actions pass with docs/health.md's policy (warn at 30 min, again at 1 h, cancel at 2 h; a dry run). The
 actions pass reads its clock from the database (``now()``): its connection's ``search_path`` puts a
 ``now()`` that returns the moved clock ahead of PostgreSQL's own, the rest of the server unchanged.
 The passes run at a quarter second past the minute and the daemon samples at half past, as
@@ -46,7 +46,7 @@ SAMPLE_PHASE_S = 0.5
 PASS_PHASE_S = 0.25
 POLICY = {"name": "gpu-idle", "rule": "idle_allocation", "warn_after_s": 1800, "warn_again_after_s": 3600,
           "act_after_s": 7200, "action": "cancel", "dry_run": True}
-"""The README's example policy, as a dry run: the ladder is recorded, no Slurm command runs."""
+"""docs/health.md's example policy, as a dry run: the ladder is recorded, no Slurm command runs."""
 
 
 @pytest.fixture(scope="module")

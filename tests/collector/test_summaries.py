@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from jobsight.protocol.report_text import format_report
 from jobsight.protocol.wire import now_us
+from jobsight.rules.report_text import format_report
 from tests.collector.helpers import gz, post
 
 S = 1_000_000  # microseconds per second

@@ -15,12 +15,13 @@ import pytest
 from psycopg.rows import dict_row
 
 from jobsight.collector.query import series as queries
-from jobsight.collector.store import migrate, schema
+from jobsight.collector.store import migrate, packed_params, schema
 from jobsight.collector.store.embedded_db import EmbeddedPostgres
+from jobsight.collector.store.packed_params import DEVICE_COLUMNS
 from jobsight.collector.store.partitions import PartitionKeeper
 from jobsight.collector.tiers import compaction
 from jobsight.collector.tiers import reads as tiers
-from jobsight.collector.tiers.packed_format import DEVICE_COLUMNS, ENCODINGS
+from jobsight.collector.tiers.packed_format import ENCODINGS
 from jobsight.collector.tiers.rollup import rebuild_minutes
 from tests.conftest import own_database
 
@@ -251,7 +252,7 @@ def _near(base: Any, spread: Any, scale: int = 1) -> Any:
 
 def _stepped(name: str, scale: int = 1) -> Any:
     """Multiples of the column's step (what the node daemon sends; kept as quotients), around a base."""
-    step = schema.STEPS[name]
+    step = packed_params.STEPS[name]
     return st.integers(-(2**31) // step, 2**31 // step).flatmap(
         lambda base: _near(base * step, st.integers(-300, 300).map(lambda d: d * step), scale).filter(
             lambda v: v is None or -(2**31) <= v * scale < 2**31))
@@ -263,7 +264,7 @@ def _column(name: str) -> Any:
         anywhere = st.integers(-(2**bits), 2**bits - 1)
         near = anywhere.flatmap(lambda base: _near(base, st.integers(-300, 300)).filter(
             lambda v: v is None or -(2**bits) <= v < 2**bits)) | anywhere
-        return near | _stepped(name) if name in schema.STEPS else near
+        return near | _stepped(name) if name in packed_params.STEPS else near
     if name in BOOLS:
         return st.one_of(st.none(), st.booleans())
     if name in GPM:
@@ -273,7 +274,7 @@ def _column(name: str) -> Any:
     # Whole units of the source's precision (kept in planes), and any float (kept as float8).
     whole = st.integers(-(2**31) // scale, 2**31 // scale).flatmap(
         lambda base: _near(base * scale, st.integers(-5000, 5000), scale))
-    whole = whole | _stepped(name, scale) if name in schema.STEPS else whole
+    whole = whole | _stepped(name, scale) if name in packed_params.STEPS else whole
     return st.one_of(whole, st.floats(allow_nan=True, allow_infinity=True).filter(lambda v: v != 0 or
                                                                                     str(v) == "0.0"))
 
@@ -344,7 +345,7 @@ def test_blocks_packed_before_byte_planes_read_alike(empty_database_url: str) ->
 
 
 def _daemon_series(ticks: int) -> list[dict[str, Any]]:
-    """A GPU's samples at the precision the node daemon sends them (agent/node/precision.py)."""
+    """A GPU's samples at the precision the node daemon sends them (agent/node/gpu/precision.py)."""
     return [{"util_gpu": 90.0 + i % 7, "power_w": 600 + (i * 37 % 101) / 10, "energy_j": 1e6 + i * 600.0 + i % 3,
              "pcie_tx_kbs": i * 7919 % 400 * 1000, "pcie_rx_kbs": None if i % 9 == 0 else 25_000_000 - i * 1000,
              "sm_active": 70 + i % 19 / 10, "tensor_active": 40.5, "mem_used": 2**36 + i * 4096}
@@ -353,9 +354,9 @@ def _daemon_series(ticks: int) -> list[dict[str, Any]]:
 
 def _steps(conn: psycopg.Connection[Any], job: str) -> dict[str | None, dict[str, Any]]:
     """Each node's block: its steps and the bytes of its power planes."""
-    power = " + ".join(f"coalesce(pg_column_size(b.power_w_p{k}), 0)" for k in range(schema.PLANES["power_w"]))
+    power = " + ".join(f"coalesce(pg_column_size(b.power_w_p{k}), 0)" for k in range(packed_params.PLANES["power_w"]))
     rows = conn.execute(
-        f"SELECT d.node, {', '.join(f'b.{c}_step' for c in schema.STEPS)}, {power} AS power_bytes"
+        f"SELECT d.node, {', '.join(f'b.{c}_step' for c in packed_params.STEPS)}, {power} AS power_bytes"
         " FROM gpu_sample_blocks b JOIN gpu_devices d ON d.id = b.device WHERE b.job_id = %s", (job,)).fetchall()
     return {row.pop("node"): row for row in rows}
 
@@ -379,10 +380,10 @@ def test_values_at_the_daemons_precision_keep_quotients(url: str) -> None:
     for kept, was in zip(after, before, strict=True):
         for column in (*tiers.SAMPLE_KEY, *MEASURES):
             assert _same(kept[column], was[column], column), (column, was[column], kept[column])
-    assert {c: blocks["daemon"][f"{c}_step"] for c in schema.STEPS} == schema.STEPS
-    assert {c: blocks["off"][f"{c}_step"] for c in schema.STEPS} == {
+    assert {c: blocks["daemon"][f"{c}_step"] for c in packed_params.STEPS} == packed_params.STEPS
+    assert {c: blocks["off"][f"{c}_step"] for c in packed_params.STEPS} == {
         c: None if c in ("power_w", "energy_j", "pcie_tx_kbs", "sm_active") else step
-        for c, step in schema.STEPS.items()}
+        for c, step in packed_params.STEPS.items()}
     assert blocks["daemon"]["power_bytes"] < blocks["off"]["power_bytes"]
 
 
@@ -397,7 +398,7 @@ def test_blocks_packed_before_steps_read_alike(empty_database_url: str) -> None:
         _insert(conn, job, _daemon_series(200), "n1")
         before = sorted(map(_key, _raw(conn, job)))
         _pass(conn)
-        assert _steps(conn, job)["n1"]["power_w_step"] == schema.STEPS["power_w"]
+        assert _steps(conn, job)["n1"]["power_w_step"] == packed_params.STEPS["power_w"]
     migrate.downgrade(url, "0016")
     migrate.upgrade(url)
     with psycopg.connect(url, autocommit=True, row_factory=dict_row) as conn:
@@ -410,5 +411,5 @@ def test_blocks_packed_before_steps_read_alike(empty_database_url: str) -> None:
         _insert(conn, job, _daemon_series(1), "n1", at=T0 + dt.timedelta(seconds=0.5))
         with_late = sorted([*before, *map(_key, _raw(conn, job))])
         _pass(conn)
-        assert _steps(conn, job)["n1"]["power_w_step"] == schema.STEPS["power_w"]
+        assert _steps(conn, job)["n1"]["power_w_step"] == packed_params.STEPS["power_w"]
         assert sorted(map(_key, _both(conn, job))) == with_late

@@ -20,7 +20,7 @@ import psycopg
 import pytest
 from psycopg.rows import dict_row
 
-from jobsight.agent.node.gpu_reading import GpuReading
+from jobsight.agent.node.gpu.reading import GpuReading
 from jobsight.collector.config.alerts import AlertSettings
 from jobsight.collector.config.carbon import CarbonSettings
 from jobsight.collector.config.notices import NoticeSettings
@@ -29,7 +29,7 @@ from jobsight.collector.passes.emissions import fill_emissions
 from jobsight.collector.passes.reports import _ENDED_IN, Reports, _totals
 from jobsight.collector.query import audit
 from jobsight.collector.query.job_energy import carbon_of, co2e_per_kwh
-from jobsight.protocol.report_text import format_report
+from jobsight.rules.report_text import format_report
 from tests.collector import energy_scenario as sc
 
 J_PER_KWH = 3.6e6

@@ -22,7 +22,7 @@ from jobsight.commands.demo_cluster import SimulatedCluster
 from jobsight.commands.demo_settings import load_demo_settings
 from jobsight.commands.demo_story import CLUSTER, NODES, RANKS, SLOW_RANK, SimulatedRun, Timings
 from jobsight.protocol.diagnosis import stragglers
-from jobsight.protocol.health import HealthThresholds, JobHealthInput, RankSteps, evaluate
+from jobsight.rules.health import HealthThresholds, JobHealthInput, RankSteps, evaluate
 from tests.conftest import LiveCollector
 
 START = 1_800_000_000.0

@@ -23,6 +23,7 @@ import pytest
 from psycopg.rows import dict_row
 from streamlit.testing.v1 import AppTest
 
+from jobsight.collector.query import rank_outliers
 from jobsight.collector.query import series as queries
 from jobsight.collector.query.grids import (
     MIN_SERIES_POINTS,
@@ -136,9 +137,9 @@ def test_gpu_lines_of_a_node_stay_within_the_line_budget(conn: Any, big_job: Big
 def test_many_ranks_are_a_band_with_only_the_outliers_as_lines(conn: Any, big_job: BigJob) -> None:
     steps = pd.DataFrame(read_step_grid(conn, big_job.cluster, big_job.job_id, 8000, 600))
     assert steps["rank"].nunique() == 64 and len(steps) <= 8000
-    stragglers = charts.find_stragglers(steps)
+    stragglers = rank_outliers.find_stragglers(steps)
     assert stragglers == [big_job.straggler]  # the one rule
-    view = charts.step_view(steps, stragglers, 4000)
+    view = rank_outliers.step_view(steps, stragglers, 4000)
     assert view.band is not None and view.ranks == 64
     assert view.outliers == [big_job.straggler, big_job.spike] and view.hidden == 0
     assert set(view.lines["rank"]) == {big_job.straggler, big_job.spike}
@@ -159,11 +160,11 @@ def test_the_band_s_outliers_are_capped_stragglers_first() -> None:
     slow = {r: 1.0 + 0.01 * r for r in range(10, 22)}  # twelve slow ranks of 40, rank 21 the slowest
     steps = pd.DataFrame([{"rank": r, "bucket": b, "duration_s": slow.get(r, 0.5), "steps": 60,
                            "last_step": i} for r in range(40) for i, b in enumerate(buckets)])
-    stragglers = charts.find_stragglers(steps)
+    stragglers = rank_outliers.find_stragglers(steps)
     assert stragglers == sorted(slow)  # the banner's order
-    view = charts.step_view(steps, stragglers, 4000)
-    assert view.outliers == list(range(21, 21 - charts.MAX_OUTLIER_LINES, -1))  # the slowest drawn
-    assert view.hidden == len(slow) - charts.MAX_OUTLIER_LINES
+    view = rank_outliers.step_view(steps, stragglers, 4000)
+    assert view.outliers == list(range(21, 21 - rank_outliers.MAX_OUTLIER_LINES, -1))  # the slowest drawn
+    assert view.hidden == len(slow) - rank_outliers.MAX_OUTLIER_LINES
     assert set(view.lines["rank"]) == set(view.outliers)
 
 
@@ -172,7 +173,7 @@ def test_few_ranks_get_a_line_each_and_more_a_band(ranks: int, band: bool) -> No
     buckets = pd.date_range("2024-03-04", periods=600, freq="s", tz="UTC")
     steps = pd.DataFrame([{"rank": r, "bucket": b, "duration_s": 0.5 + 0.01 * r, "steps": 1, "last_step": i}
                           for r in range(ranks) for i, b in enumerate(buckets)])
-    view = charts.step_view(steps, [], 4000)
+    view = rank_outliers.step_view(steps, [], 4000)
     assert (view.band is not None) is band
     assert set(view.lines["rank"]) == (set() if band else set(range(ranks)))
 
@@ -182,7 +183,7 @@ def test_the_seeded_two_rank_job_keeps_its_lines(conn: Any, seeded: Seed) -> Non
     steps = pd.DataFrame(read_step_grid(conn, seeded.cluster, seeded.running, settings.heatmap_cells,
                                         settings.chart_points))
     assert Counter(steps["rank"]) == {0: settings.chart_points, 1: settings.chart_points}  # full resolution
-    view = charts.step_view(steps, charts.find_stragglers(steps), settings.line_points)
+    view = rank_outliers.step_view(steps, rank_outliers.find_stragglers(steps), settings.line_points)
     assert view.band is None and set(view.lines["rank"]) == {0, 1}
     spec = _spec(charts.step_chart(view, (steps["bucket"].min(), steps["bucket"].max()), None))
     assert "area" not in _marks(spec) and spec["title"] == "Step time per rank"

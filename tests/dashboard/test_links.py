@@ -1,4 +1,4 @@
-"""Every dashboard page has an address that reproduces it (jobsight.protocol.links, dashboard/url_state.py).
+"""Every dashboard page has an address that reproduces it (jobsight.rules.links, dashboard/url_state.py).
 
 AppTest: the jobs list, the audit and the Attention page start from their query parameters and
 write them back; the root address forwards to ``/jobs``; a job link with ``t`` opens the window
@@ -22,7 +22,7 @@ import psycopg
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from jobsight.protocol import links
+from jobsight.rules import links
 from tests.collector.test_up import Up
 from tests.dashboard.conftest import APP, texts
 from tests.dashboard.seed import PERIOD, TOTAL_GPU_HOURS, Seed

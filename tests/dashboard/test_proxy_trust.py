@@ -2,7 +2,7 @@
 proxy. The browser's headers are set per request through the DevTools protocol.
 
 nginx authenticates with HTTP basic auth and sets ``X-Forwarded-User`` to the user it
-authenticated, overwriting whatever the browser sent, as README's deployment example does. It
+authenticated, overwriting whatever the browser sent, as docs/deployment.md's example does. It
 connects to the dashboard from 127.0.0.2 (``proxy_bind``), the one address in ``trusted_proxies``,
 so a browser that goes straight to the dashboard's port (from 127.0.0.1) is a client outside
 ``trusted_proxies`` on the same machine. A second nginx server leaves out the proxy's shared secret.
@@ -87,7 +87,7 @@ http {{
 }}
 """
 
-# README's example, plus basic auth standing in for the site's login, and proxy_bind so that the
+# docs/deployment.md's example, plus basic auth standing in for the site's login, and proxy_bind so that the
 # dashboard tells this proxy (127.0.0.2) from a direct client on the same machine (127.0.0.1).
 NGINX_LOCATION = """
     auth_basic "jobsight"; auth_basic_user_file {dir}/htpasswd;

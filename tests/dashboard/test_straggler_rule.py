@@ -5,7 +5,7 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from jobsight.dashboard.charts import find_stragglers
+from jobsight.collector.query.rank_outliers import find_stragglers
 from jobsight.protocol.diagnosis import DEFAULT_THRESHOLDS, diagnose, stragglers
 
 
@@ -51,7 +51,7 @@ def test_thresholds_are_the_rule_s_own() -> None:
 def test_in_synchronous_training_all_three_compare_own_work() -> None:
     """Every rank's step takes 0.5 s (the fast ones wait in the all-reduce); rank 2's data wait +
     forward is twice the others'. The page, ``/diagnosis`` and the live health rule name rank 2."""
-    from jobsight.protocol.health import HealthThresholds, JobHealthInput, RankSteps, evaluate
+    from jobsight.rules.health import HealthThresholds, JobHealthInput, RankSteps, evaluate
 
     own = {0: 0.20, 1: 0.21, 2: 0.42}
     buckets = pd.DataFrame([{"rank": r, "bucket": b, "duration_s": 0.5, "own_s": v, "steps": 10}

@@ -1,4 +1,4 @@
-"""The per-rank traces of a two-process DDP run, downloaded from the collector as README says,
+"""The per-rank traces of a two-process DDP run, downloaded from the collector as docs/training.md says,
 open in Holistic Trace Analysis: one trace per rank, under the right rank, with its profiler steps.
 
 On CPU there are no GPU kernels, so HTA's kernel breakdowns have nothing to read; what is checked

@@ -2,10 +2,13 @@
 
 Who may import whom (project modules only; the standard library is always allowed):
 
-* ``jobsight.protocol``: what both sides share; imports nothing else of the project.
-* ``jobsight.agent``: the protocol and itself; never the collector, dashboard or commands.
-* ``jobsight.collector``: the protocol and itself.
-* ``jobsight.dashboard``: the protocol, the collector's query, store and config rooms, and itself.
+* ``jobsight.protocol``: the wire contract both sides share; imports nothing else of the project.
+* ``jobsight.rules``: the server's rules and wording (health, hardware causes, report and energy
+  text, job states, links): the protocol and itself.
+* ``jobsight.agent``: the protocol and itself; never the rules, collector, dashboard or commands.
+* ``jobsight.collector``: the protocol, the rules and itself.
+* ``jobsight.dashboard``: the protocol, the rules, the collector's query, store and config rooms,
+  and itself.
 * ``jobsight.migrations``: the protocol, the collector's store (the schema) and itself.
 * ``jobsight.cli`` and ``jobsight.commands``: anything; they are the composition root.
 
@@ -22,7 +25,11 @@ Inside the collector, every module but the app's entry (``jobsight.collector.app
 room, and a room imports only itself and the rooms below it, in the order of
 :data:`COLLECTOR_ROOMS` (``config`` at the bottom, ``api`` at the top). The entry may import any
 room; no room imports the entry. The agent's rooms keep the same rule, in the order of
-:data:`AGENT_ROOMS`.
+:data:`AGENT_ROOMS`, and so do the node daemon's, in the order of :data:`NODE_ROOMS`: the job
+registrations and Slurm's cgroup paths at the bottom, the GPU, node power and Kineto rooms side by
+side above them (rooms side by side import nothing of one another), and the daemon's own modules
+that put them together (attribution, host, daemon) on top. A module is held to every order it
+stands in (``jobsight.agent.node.gpu.sampler`` to the agent's and the node's).
 
 No module imports itself back through others: :func:`import_cycles` finds every cycle in the
 graph of these imports (``TYPE_CHECKING`` imports and imports inside functions included).
@@ -51,12 +58,15 @@ OLD_TOP_LEVEL = ("agent", "collector", "dashboard", "migrations")
 ALLOWED: list[tuple[str, tuple[str, ...]]] = [
     # (importer prefix, project prefixes it may import); the first matching prefix decides
     ("jobsight.protocol", ("jobsight.protocol",)),
+    # The server's rules (health, hardware causes, report and energy text, job states, links): the
+    # collector, the dashboard and the CLI judge and word with them; the agent never ships them.
+    ("jobsight.rules", ("jobsight.protocol", "jobsight.rules")),
     ("jobsight.agent", ("jobsight.protocol", "jobsight.agent")),
-    ("jobsight.collector", ("jobsight.protocol", "jobsight.collector")),
+    ("jobsight.collector", ("jobsight.protocol", "jobsight.rules", "jobsight.collector")),
     # The dashboard reads through the collector's query room (and opens its pool, reads its settings
     # base); the migrations know the store's schema.
-    ("jobsight.dashboard", ("jobsight.protocol", "jobsight.collector.query", "jobsight.collector.store",
-                            "jobsight.collector.config", "jobsight.dashboard")),
+    ("jobsight.dashboard", ("jobsight.protocol", "jobsight.rules", "jobsight.collector.query",
+                            "jobsight.collector.store", "jobsight.collector.config", "jobsight.dashboard")),
     ("jobsight.migrations", ("jobsight.protocol", "jobsight.collector.store", "jobsight.migrations")),
     ("jobsight.commands", ("jobsight",)),
     ("jobsight.cli", ("jobsight",)),
@@ -67,14 +77,21 @@ STDLIB_ONLY = ("jobsight.protocol", "jobsight.agent.shipping", "jobsight.agent.n
 
                "jobsight.agent.settings", "jobsight.agent.atomic_files")
 ORJSON_HOME = "jobsight.protocol.wire"  # optional: a faster batch encoder, when the agent extra brought it
-PYNVML_HOME = "jobsight.agent.node.nvml"
+PYNVML_HOME = "jobsight.agent.node.gpu.nvml"
 COLLECTOR_ROOMS = ("config", "store", "tiers", "jobs", "ingest", "query", "passes", "api")
 """The collector's rooms, bottom first: each may import itself and the rooms before it."""
 COLLECTOR_ENTRY = "jobsight.collector.app"
 AGENT_ROOMS = ("settings", "atomic_files", "traces", "shipping", "node", "slurm", "training")
 """The agent's rooms (folders, and the two modules every room shares), bottom first."""
-ROOM_ORDERS = {"jobsight.collector": COLLECTOR_ROOMS, "jobsight.agent": AGENT_ROOMS}
-ROOM_ENTRIES = {"jobsight.collector": (COLLECTOR_ENTRY,), "jobsight.agent": ()}
+NODE_ROOMS: tuple[str | tuple[str, ...], ...] = (
+    "registrations", "slurm_cgroups", ("gpu", "power", "kineto"), "attribution", "host", "daemon")
+"""The node daemon's rooms (folders, and the core's modules), bottom first; a tuple holds rooms side
+by side: the GPU (NVML), the node's power and the Kineto service each work without the others, and
+only the daemon's core (and the command that starts it) puts them together, so a change in one
+cannot break another on a node."""
+ROOM_ORDERS: dict[str, tuple[str | tuple[str, ...], ...]] = {
+    "jobsight.collector": COLLECTOR_ROOMS, "jobsight.agent": AGENT_ROOMS, "jobsight.agent.node": NODE_ROOMS}
+ROOM_ENTRIES = {"jobsight.collector": (COLLECTOR_ENTRY,), "jobsight.agent": (), "jobsight.agent.node": ()}
 _DOTTED = re.compile(r"^(jobsight(?:\.\w+)+)(?::\w+)?$")
 
 
@@ -157,19 +174,33 @@ def _room(module: str, package: str) -> str | None:
     return rest.split(".")[0] or None
 
 
+def _level(order: tuple[str | tuple[str, ...], ...], room: str | None) -> int | None:
+    """The place of ``room`` in ``order`` (rooms side by side share one); ``None`` outside it."""
+    for level, entry in enumerate(order):
+        if room == entry or (isinstance(entry, tuple) and room in entry):
+            return level
+    return None
+
+
+def _listed(order: tuple[str | tuple[str, ...], ...], joint: str) -> str:
+    return joint.join(entry if isinstance(entry, str) else "{" + ", ".join(entry) + "}" for entry in order)
+
+
 def room_problems(module: str, where: Path, imports: list[Import], known: set[str]) -> list[str]:
     """The imports of ``module`` that point up (or sideways out of its package's room order), and
-    ``module`` itself when it stands outside every room."""
+    ``module`` itself when it stands outside every room; for each package whose rooms hold it."""
+    problems: list[str] = []
     for package, order in ROOM_ORDERS.items():
         if not _within(module, package) or module == package:
             continue
         entries = ROOM_ENTRIES[package]
         room = _room(module, package)
         if module in entries:
-            return []
-        if room not in order:
-            return [f"{where}:1: {module} is outside the rooms of {package} ({', '.join(order)})"]
-        problems = []
+            continue
+        level = _level(order, room)
+        if level is None:
+            problems.append(f"{where}:1: {module} is outside the rooms of {package} ({_listed(order, ', ')})")
+            continue
         for item in imports:
             target = _project_target(item.target, known)
             if target is None or not _within(target, package) or target == package:
@@ -178,11 +209,14 @@ def room_problems(module: str, where: Path, imports: list[Import], known: set[st
                 problems.append(f"{where}:{item.line}: {module} ({room}) may not import the entry {target}")
                 continue
             other = _room(target, package)
-            if other in order and order.index(other) > order.index(room):
-                problems.append(f"{where}:{item.line}: {module} ({room}) may not import {target} ({other}): "
-                                f"a room imports only rooms below it ({' < '.join(order)})")
-        return problems
-    return []
+            other_level = _level(order, other)
+            if other_level is None or other == room or other_level < level:
+                continue
+            why = "a room imports only rooms below it" if other_level > level else \
+                "rooms side by side import nothing of one another"
+            problems.append(f"{where}:{item.line}: {module} ({room}) may not import {target} ({other}): "
+                            f"{why} ({_listed(order, ' < ')})")
+    return problems
 
 
 def import_graph(repo: Path) -> dict[str, set[str]]:

@@ -46,7 +46,7 @@ def test_the_wheel_holds_only_the_jobsight_namespace(wheel: Path) -> None:
     names = zipfile.ZipFile(wheel).namelist()
     tops = {name.split("/")[0] for name in names}
     assert tops == {"jobsight", next(t for t in tops if t.endswith(".dist-info"))}, tops
-    for room in ("agent/shipping/shipper.py", "agent/node/nvml.py", "agent/slurm/hooks.py",
+    for room in ("agent/shipping/shipper.py", "agent/node/gpu/nvml.py", "agent/slurm/hooks.py",
                  "agent/training/lightning.py", "collector/app.py", "dashboard/app.py",
                  "migrations/versions/0001_initial_schema.py", "migrations/script.py.mako", "protocol/wire.py"):
         assert f"jobsight/{room}" in names, room

@@ -20,7 +20,7 @@ import pytest
 from sqlalchemy import ARRAY, BigInteger, Boolean, Column, Float, Integer, SmallInteger, Text
 from sqlalchemy.dialects.postgresql import JSONB
 
-from jobsight.agent.node.gpu_reading import GpuReading
+from jobsight.agent.node.gpu.reading import GpuReading
 from jobsight.collector.ingest.write import _SERIES_TABLES
 from jobsight.collector.store import schema
 from jobsight.protocol import specs, wire

@@ -13,7 +13,7 @@ tarball="${1:-${SLURM_TARBALL:-}}"
 say() { echo "build_slurm: $*"; }
 
 export DEBIAN_FRONTEND=noninteractive
-# The build dependencies of ../shared/vendor/README.md (munge: the daemon, shared with Debian's Slurm).
+# Slurm's build dependencies (munge: the daemon, shared with Debian's Slurm).
 packages=(build-essential pkg-config libjson-c-dev libmunge-dev libyaml-dev liblz4-dev libreadline-dev
           libssl-dev libdbus-1-dev libbpf-dev munge)
 missing=()

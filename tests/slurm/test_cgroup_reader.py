@@ -23,9 +23,9 @@ from pathlib import Path
 import pytest
 
 from jobsight.agent.node.attribution import Attributor, job_from_cgroup
-from jobsight.agent.node.gpu_reading import GpuReading
+from jobsight.agent.node.gpu.reading import GpuReading
 from jobsight.agent.node.host import HostSampler
-from jobsight.agent.node.kineto_process import ProcessJob, job_of_process
+from jobsight.agent.node.kineto.process import ProcessJob, job_of_process
 from jobsight.agent.node.registrations import Registration
 from jobsight.agent.node.slurm_cgroups import JobFolder, find_job_dirs, folders_of, parse_cgroup, pids_by_job
 from tests.slurm.slurm_commands import SBATCH, SCANCEL, SINFO

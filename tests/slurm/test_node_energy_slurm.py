@@ -35,8 +35,8 @@ import psycopg
 import pytest
 
 from jobsight.collector.store import migrate
-from jobsight.protocol.energy_text import ENERGY_SPLITS, POWER_SOURCES
-from tests.agent.node.test_node_energy import RANGE_UJ, zone
+from jobsight.rules.energy_text import ENERGY_SPLITS, POWER_SOURCES
+from tests.agent.node.power.test_node_energy import RANGE_UJ, zone
 from tests.conftest import REPO, LiveCollector, create_database
 from tests.slurm.slurm_commands import SBATCH, SCANCEL, busy_queue
 from tests.slurm.test_e2e import FINAL_STATES, SLURM_BINARIES, _free_port, _setup_cluster, _unavailable, job_state

@@ -6,10 +6,10 @@ from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Query
 
-from jobsight.collector.api.auth import AuthError
 from jobsight.collector.api.deps import CurrentPrincipal, ReadPool
 from jobsight.collector.api.job_access import Cluster, ReadableJob
 from jobsight.collector.api.params import OffsetQuery
+from jobsight.collector.ingest.write_rights import AuthError
 from jobsight.collector.query import actions as action_queries
 from jobsight.collector.query.jobs import MAX_PAGE
 from jobsight.collector.store.db import unit_of_work

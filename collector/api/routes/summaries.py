@@ -11,7 +11,7 @@ from jobsight.collector.api.job_access import AuthorizedJob, job_not_found
 from jobsight.collector.jobs import summaries
 from jobsight.collector.query.job_energy import carbon_of, job_energy
 from jobsight.collector.store.db import unit_of_work
-from jobsight.protocol import links
+from jobsight.rules import links
 
 router = APIRouter(prefix="/v1/jobs", tags=["read"])
 

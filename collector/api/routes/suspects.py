@@ -7,9 +7,9 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Query
 
-from jobsight.collector.api.auth import AuthError
 from jobsight.collector.api.deps import CurrentPrincipal, ReadPool, Settings
 from jobsight.collector.api.job_access import Cluster
+from jobsight.collector.ingest.write_rights import AuthError
 from jobsight.collector.query.suspects import suspect_gpus
 from jobsight.collector.store.db import unit_of_work
 

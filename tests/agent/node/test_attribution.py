@@ -21,8 +21,8 @@ import pytest
 
 from jobsight.agent.node import attribution
 from jobsight.agent.node.attribution import Attributor, job_from_cgroup, uid_of_pid
-from jobsight.agent.node.gpu_reading import GpuReading
-from jobsight.agent.node.nvml import NvmlSampler
+from jobsight.agent.node.gpu.reading import GpuReading
+from jobsight.agent.node.gpu.sampler import NvmlSampler
 from jobsight.agent.node.registrations import (
     Registration,
     RegistrationError,

@@ -213,7 +213,7 @@ def test_a_gpu_used_outside_any_job_is_reported_once_a_minute_while_the_use_last
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     from jobsight.agent.node.daemon import NodeDaemon
-    from jobsight.agent.node.nvml import NvmlSampler
+    from jobsight.agent.node.gpu.sampler import NvmlSampler
 
     node = f"node-{tmp_path.name}"
     pid = job_process("4242")
