@@ -3,18 +3,37 @@
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
+# Two installs: what running needs (`make up`) and all of it, the test tooling too (`make test`).
+RUN_STAMP := $(VENV)/.installed-run
 STAMP := $(VENV)/.installed
+# What `make up` runs: the agent, collector and dashboard, and torch (CPU) with Lightning for the demo's
+# training job. pyproject.toml's `run` extra; the `dev` extra (pytest, selenium, ...) is `make test`'s.
+RUN_EXTRA := run
 
 .PHONY: up test lint bench clean
 
-$(STAMP): pyproject.toml
-	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+$(VENV)/bin/python:
+	@echo "make: creating the virtualenv $(VENV) with $(PYTHON)"
+	$(PYTHON) -m venv $(VENV)
+	@echo "make: upgrading pip"
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	# torch is pinned (frameworks extra) so pip takes the CPU build, not a CUDA one.
-	$(BIN)/python -m pip install --quiet -e '.[all]'
-	touch $(STAMP)
 
-up: $(STAMP)
+$(RUN_STAMP): pyproject.toml | $(VENV)/bin/python
+	@echo "make: installing jobsight to run it: agent, collector, dashboard, torch (CPU) and Lightning for the demo"
+	@echo "make: (minutes the first time, torch being the largest part; no test tooling: make test adds it)"
+	# torch is pinned (frameworks extra) so pip takes the CPU build, not a CUDA one.
+	$(BIN)/python -m pip install --quiet --progress-bar off -e '.[$(RUN_EXTRA)]'
+	@echo "make: installed what jobsight runs with"
+	touch $(RUN_STAMP)
+
+$(STAMP): pyproject.toml | $(VENV)/bin/python
+	@echo "make: installing jobsight with everything, the test tooling too (pytest, selenium, ruff, mypy, ...)"
+	$(BIN)/python -m pip install --quiet --progress-bar off -e '.[all]'
+	@echo "make: installed jobsight and its test tooling"
+	touch $(STAMP) $(RUN_STAMP)
+
+up: $(RUN_STAMP)
+	@echo "make: starting jobsight with the demo (Ctrl-C stops it)"
 	$(BIN)/jobsight up --demo
 
 test: $(STAMP)

@@ -7,6 +7,11 @@ A 2-GPU job of the same shape is timed first as the reference: what a job page c
 machine with hardly any data (Streamlit's session start, the page's fixed parts, Chromium), so
 that what a big job adds to it can be read off; ``--no-reference`` skips it.
 
+The floor is timed too, in the same browser and run, the same way: an almost empty Streamlit page
+with three charts (``bench/three_charts_page.py``, served by its own ``streamlit run``), what any
+Streamlit page with charts costs here. Each job page's median is printed as a ratio to it (the
+target: at most 1.5 for the 64-GPU job); ``--no-floor`` skips it.
+
 It starts its own stack (an embedded PostgreSQL, the collector, and the dashboard as
 ``jobsight dashboard`` runs it, in local mode on loopback), seeds each job with SQL (30 minutes of 1 Hz
 samples on every GPU and a step a second on every rank, one rank per GPU, the per-minute rollup
@@ -62,6 +67,9 @@ from tests.dashboard.seed import BigJob, seed_big_job  # noqa: E402
 
 CLUSTER = "bench"
 TARGET_S = 3.0
+FLOOR_TARGET = 1.5
+"""The 64-GPU job page's time at most this many times the three-chart page's (issue #43)."""
+FLOOR_PAGE = Path(__file__).resolve().parent / "three_charts_page.py"
 CHARTS = '[data-testid="stVegaLiteChart"]'
 # One round trip answers all three questions, so polling stays cheap next to what it measures.
 PAGE_STATE = f"""
@@ -97,13 +105,35 @@ def page_reads(job: str, settings: DashboardSettings) -> dict[str, Callable[[psy
 @contextmanager
 def dashboard(stack: Stack, env: dict[str, str]) -> Iterator[str]:
     """``jobsight dashboard`` on a free loopback port over the stack's database; yields its URL."""
-    port = free_port()
-    log = stack.work / "dashboard.log"
     full_env = {**os.environ, "JOBSIGHT_DATABASE_URL": stack.database_url, "JOBSIGHT_DASHBOARD_AUTH_MODE": "local",
                 "JOBSIGHT_DASHBOARD_CLUSTER": CLUSTER, **env}
+    with served(streamlit_argv, full_env, stack.work / "dashboard.log") as url:
+        yield url
+
+
+@contextmanager
+def floor_page(stack: Stack) -> Iterator[str]:
+    """``bench/three_charts_page.py`` under ``streamlit run`` as the dashboard is run; yields its URL."""
+
+    def argv(host: str, port: int) -> list[str]:
+        dashboard_argv = streamlit_argv(host, port)
+        return [*dashboard_argv[:4], str(FLOOR_PAGE), *dashboard_argv[5:]]
+
+    with served(argv, dict(os.environ), stack.work / "floor_page.log") as url:
+        yield url
+
+
+SERVED_PIDS: dict[str, int] = {}
+"""The process serving each URL :func:`served` yields (bench/live_pages.py reads its CPU time)."""
+
+
+@contextmanager
+def served(argv: Callable[[str, int], list[str]], env: dict[str, str], log: Path) -> Iterator[str]:
+    """``argv(host, port)`` on a free loopback port until Streamlit's health answers; yields its URL."""
+    port = free_port()
     with open(log, "ab") as out:
-        process = subprocess.Popen(streamlit_argv("127.0.0.1", port), env=full_env, cwd=REPO, stdout=out,
-                                   stderr=subprocess.STDOUT)
+        process = subprocess.Popen(argv("127.0.0.1", port), env=env, cwd=REPO, stdout=out, stderr=subprocess.STDOUT)
+    SERVED_PIDS[f"http://127.0.0.1:{port}"] = process.pid
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 120
@@ -113,7 +143,7 @@ def dashboard(stack: Stack, env: dict[str, str]) -> Iterator[str]:
                     break
             except OSError:
                 if time.monotonic() > deadline or process.poll() is not None:
-                    raise RuntimeError(f"dashboard did not start: {log.read_text()[-2000:]}") from None
+                    raise RuntimeError(f"streamlit did not start: {log.read_text()[-2000:]}") from None
                 time.sleep(0.2)
         yield url
     finally:
@@ -220,6 +250,8 @@ def main() -> None:
                         help="skip the 2-GPU job timed first: the page's cost with hardly any data, on this machine")
     parser.add_argument("--loads", type=int, default=5, help="timed loads per page after the first (default 5)")
     parser.add_argument("--repeat", type=int, default=5, help="runs of the page's reads (median)")
+    parser.add_argument("--no-floor", action="store_true",
+                        help="skip the three-chart Streamlit page timed first: the floor the ratios are to")
     parser.add_argument("--screenshots", type=Path, help="save each page's screenshot in this folder")
     args = parser.parse_args()
     settings = load_dashboard_settings()
@@ -233,26 +265,51 @@ def main() -> None:
             for job in jobs:
                 reads[job.job_id] = {part: median_time(lambda read=read: read(conn), args.repeat)
                                      for part, read in page_reads(job.job_id, settings).items()}
-        with dashboard(stack, {}) as url, chromium() as driver:
-            for job in jobs:
-                page = f"{url}/job?{urlencode({'cluster': CLUSTER, 'job': job.job_id})}"
-                charts = settle(driver, page)
-                loads = []
-                for _ in range(args.loads):
-                    time.sleep(settings.cache_ttl_s + 1)  # the query cache has expired: the load runs the reads
-                    loads.append(timed_load(driver, page, charts))
-                if args.screenshots:
-                    args.screenshots.mkdir(parents=True, exist_ok=True)
-                    driver.save_screenshot(str(args.screenshots / f"{job.job_id}.png"))
-                # The median is what a researcher meets on this machine; the best load is the page's cost
-                # with the least interference from whatever else the machine runs.
-                shown, best, queried = statistics.median(loads), min(loads), sum(reads[job.job_id].values())
-                verdict = "under" if shown < TARGET_S else "over"
-                parts = ", ".join(f"{part} {seconds * 1000:.0f}" for part, seconds in reads[job.job_id].items())
-                print(f"{job.job_id:>8} ({job.nodes} nodes × {job.gpus_per_node} GPUs, {job.gpus} ranks): "
-                      f"page median {shown:5.2f} s, best {best:5.2f} s (loads {', '.join(f'{s:.2f}' for s in loads)}; "
-                      f"{charts} charts drawn) | queries {queried:5.2f} s (ms: {parts}) | "
-                      f"median {verdict} the {TARGET_S:.0f} s target", flush=True)
+        floor = None
+        with chromium() as driver:
+            if not args.no_floor:
+                floor = time_floor(stack, driver, args.loads, settings.cache_ttl_s)
+            with dashboard(stack, {}) as url:
+                for job in jobs:
+                    time_job(driver, url, job, reads[job.job_id], floor, args, settings.cache_ttl_s)
+
+
+def time_floor(stack: Stack, driver: Any, loads: int, pause_s: float) -> float:
+    """The three-chart page's median time, its loads paced as the job pages' are."""
+    with floor_page(stack) as url:
+        charts = settle(driver, url)
+        times = []
+        for _ in range(loads):
+            time.sleep(pause_s + 1)
+            times.append(timed_load(driver, url, charts))
+    median = statistics.median(times)
+    print(f"{'floor':>8} (three charts, nothing read): page median {median:5.2f} s, best {min(times):5.2f} s "
+          f"(loads {', '.join(f'{s:.2f}' for s in times)}; {charts} charts drawn)", flush=True)
+    return median
+
+
+def time_job(driver: Any, url: str, job: BigJob, reads: dict[str, float], floor: float | None,
+             args: argparse.Namespace, cache_ttl_s: float) -> None:
+    page = f"{url}/job?{urlencode({'cluster': CLUSTER, 'job': job.job_id})}"
+    charts = settle(driver, page)
+    loads = []
+    for _ in range(args.loads):
+        time.sleep(cache_ttl_s + 1)  # the query cache has expired: the load runs the reads
+        loads.append(timed_load(driver, page, charts))
+    if args.screenshots:
+        args.screenshots.mkdir(parents=True, exist_ok=True)
+        driver.save_screenshot(str(args.screenshots / f"{job.job_id}.png"))
+    # The median is what a researcher meets on this machine; the best load is the page's cost
+    # with the least interference from whatever else the machine runs.
+    shown, best, queried = statistics.median(loads), min(loads), sum(reads.values())
+    verdict = "under" if shown < TARGET_S else "over"
+    parts = ", ".join(f"{part} {seconds * 1000:.0f}" for part, seconds in reads.items())
+    ratio = "" if floor is None else (f" | {shown / floor:4.2f}× the three-chart page "
+                                      f"(target ≤ {FLOOR_TARGET} for 64 GPUs)")
+    print(f"{job.job_id:>8} ({job.nodes} nodes × {job.gpus_per_node} GPUs, {job.gpus} ranks): "
+          f"page median {shown:5.2f} s, best {best:5.2f} s (loads {', '.join(f'{s:.2f}' for s in loads)}; "
+          f"{charts} charts drawn) | queries {queried:5.2f} s (ms: {parts}) | "
+          f"median {verdict} the {TARGET_S:.0f} s target{ratio}", flush=True)
 
 
 if __name__ == "__main__":

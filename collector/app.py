@@ -23,6 +23,7 @@ from jobsight.collector.api.routes import (
     findings,
     health,
     ingest,
+    job_metrics,
     jobs,
     profiles,
     summaries,
@@ -105,4 +106,5 @@ def create_app(settings: CollectorSettings | None = None) -> FastAPI:
     app.include_router(actions.router)
     app.include_router(suspects.router)
     app.include_router(unallocated_uses.router)
+    app.include_router(job_metrics.router)
     return app

@@ -2,11 +2,13 @@
 
 It checks settings and identity once per rerun, then hands over to the page; the audit,
 Attention, Actions and Suspect GPUs pages are registered only for admins. Every page has its own address
-(:mod:`jobsight.rules.links`): the root address forwards to ``/jobs``.
+(:mod:`jobsight.rules.links`): the root address forwards to ``/jobs``. A page that cannot read the database
+says so and runs again every ``refresh_s`` until it reads (:mod:`jobsight.dashboard.read_outage`).
 """
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import streamlit as st
@@ -23,6 +25,11 @@ PAGES = Path(__file__).resolve().parent / "views"
 ACTIONS_PAGE = "actions"
 # The Suspect GPUs page's address, likewise the dashboard's own until something outside links to it.
 SUSPECTS_PAGE = "suspects"
+
+# The pool says why it could not connect at every attempt (each page's read, every refresh); the
+# dashboard's own line says it once an outage (jobsight.dashboard.read_outage, which also has the page
+# say so in words and run again until it reads).
+logging.getLogger("psycopg.pool").setLevel(logging.ERROR)
 
 st.set_page_config(page_title="jobsight", layout="wide")
 

@@ -51,6 +51,12 @@ SHORT_TIME_FORMAT: Final = "%H:%M:%S"
 """The same with seconds, for a domain under :data:`SHORT_DOMAIN`: Vega ticks it every 30 s or less,
 which minutes alone labelled 08:40, 08:40, 08:41, 08:41."""
 SHORT_DOMAIN: Final = dt.timedelta(minutes=20)
+DAYS_TIME_FORMAT: Final = "%b %d %H:%M"
+"""The same with the day, for a domain of :data:`DATED_DOMAIN` or more that crosses midnight (UTC): a
+13-hour axis read 22:00 … 00:00 … 11:00 with nothing to say which day each hour was on."""
+DATED_DOMAIN: Final = dt.timedelta(hours=1)
+"""A shorter domain keeps its short labels across midnight: its few ticks are minutes apart, and its
+tooltips carry the date."""
 TIME_TITLE: Final = f"time ({TIME_ZONE})"
 _TOOLTIP_FORMAT: Final = "%Y-%m-%d %H:%M:%S"
 
@@ -70,10 +76,21 @@ def time_x(domain: Domain | None, field: str = "bucket", *, title: str = TIME_TI
     seconds over a short domain) and titled with the zone, so two charts of the page always read the
     same clock."""
     if time_format is None:
-        short = domain is not None and domain[1] - domain[0] < SHORT_DOMAIN
-        time_format = SHORT_TIME_FORMAT if short else TIME_FORMAT
+        time_format = axis_format(domain)
     return alt.X(f"{field}:T", title=title, scale=_scale(domain),
                  axis=alt.Axis(format=time_format, labelOverlap=True))
+
+
+def axis_format(domain: Domain | None) -> str:
+    """The time axis' format for ``domain``: with the day when it crosses a UTC midnight and is
+    :data:`DATED_DOMAIN` or longer (:data:`DAYS_TIME_FORMAT`), with seconds when under
+    :data:`SHORT_DOMAIN`, else hours and minutes; ``None`` (fitted to the data): hours and minutes."""
+    if domain is None:
+        return TIME_FORMAT
+    days = domain[0].astimezone(dt.UTC).date() != domain[1].astimezone(dt.UTC).date()
+    if days and domain[1] - domain[0] >= DATED_DOMAIN:
+        return DAYS_TIME_FORMAT
+    return SHORT_TIME_FORMAT if domain[1] - domain[0] < SHORT_DOMAIN else TIME_FORMAT
 
 
 def time_tooltip(field: str = "bucket", title: str = "time") -> alt.Tooltip:
@@ -186,17 +203,26 @@ def thin_epochs(markers: pd.DataFrame, most: int = MAX_EPOCH_RULES) -> pd.DataFr
     return pd.concat([markers[~is_epoch], epochs.iloc[picked]])
 
 
+def _within(markers: pd.DataFrame, domain: Domain) -> pd.DataFrame:
+    """The markers that start or end in ``domain``, or span it."""
+    if markers.empty:
+        return markers
+    ends, starts = pd.to_datetime(markers["end"], utc=True), pd.to_datetime(markers["start"], utc=True)
+    return markers[(ends >= pd.Timestamp(domain[0])) & (starts <= pd.Timestamp(domain[1]))]
+
+
 def marker_layer(markers: pd.DataFrame, domain: Domain) -> alt.LayerChart | None:
     """Vertical rules for log events and epochs (thinned, :func:`thin_epochs`), shaded bands for
-    profiling windows."""
-    if markers.empty:
+    profiling windows: those of ``domain`` (the page's time window), ``None`` when none is."""
+    inside = _within(markers, domain)
+    if inside.empty:
         return None
-    base = alt.Chart(thin_epochs(markers))
-    bands = base.transform_filter(alt.datum.kind == "profile").mark_rect(opacity=0.15).encode(
+    base = alt.Chart(thin_epochs(inside))
+    bands = base.transform_filter(alt.datum.kind == "profile").mark_rect(opacity=0.15, clip=True).encode(
         x=time_x(domain, "start"), x2="end:T",
         color=alt.Color("kind:N", scale=MARKER_COLOURS, title="marker"),
         tooltip=["label:N", time_tooltip("start", "start"), time_tooltip("end", "end")])
-    rules = base.transform_filter(alt.datum.kind != "profile").mark_rule(strokeDash=[4, 3]).encode(
+    rules = base.transform_filter(alt.datum.kind != "profile").mark_rule(strokeDash=[4, 3], clip=True).encode(
         x=time_x(domain, "start"), color=alt.Color("kind:N", scale=MARKER_COLOURS, title="marker"),
         tooltip=["label:N", time_tooltip("start")])
     return alt.layer(bands, rules)
@@ -209,6 +235,58 @@ def _with_markers(chart: alt.Chart | alt.LayerChart, overlay: alt.LayerChart | N
     if overlay is None:
         return chart
     return alt.layer(chart, overlay).resolve_scale(color="independent").properties(title=chart.title)
+
+
+CHART_FRAME_PX: Final = 110
+"""What a time chart takes around its plot: title, time axis labels and title, padding. Streamlit fits
+the whole chart into the height it is given (its own height when none is), so a chart given only its
+plot's height had its plot squashed: the throughput chart's 160 pixels left a strip some 10 pixels tall,
+its axis labels drawn over each other, and legends were cut (6 of a node's 8 GPUs)."""
+SUBTITLE_PX: Final = 20
+LEGEND_ROW_PX: Final = 20
+"""A legend entry (Vega's 10-pixel symbol beside a label in Streamlit's font, and the row padding)."""
+MARKER_ROW_PX: Final = 30
+"""An entry of the markers' legend, which draws a band's square and a dashed rule's stroke in one (measured
+in Chromium)."""
+LEGEND_TITLE_PX: Final = 24
+LEGEND_GAP_PX: Final = 18
+"""Between two legends of one chart (Vega's legend offset)."""
+LEGEND_MOST: Final = 24
+"""Most entries a series legend lists; past them its title says which it lists ("first 24 of 72")."""
+MIN_PLOT_PX: Final = 120
+"""The least height of a time chart's plot: room for four y labels that do not overlap."""
+LINE_PLOT_PX: Final = 200
+STEP_PLOT_PX: Final = 220
+METRIC_PLOT_PX: Final = 180
+THROUGHPUT_PLOT_PX: Final = 160
+
+
+def element_px(plot_px: int, legends: Sequence[int] = (), *, subtitle: bool = False) -> int:
+    """Pixels to give ``st.altair_chart`` for a chart whose plot should be ``plot_px`` tall (at least
+    :data:`MIN_PLOT_PX`), with legends of ``legends`` pixels each (:func:`legend_px`) beside it: enough
+    for the plot with its title and axis, and for every legend entry."""
+    frame = CHART_FRAME_PX + (SUBTITLE_PX if subtitle else 0)
+    shown = [px for px in legends if px > 0]
+    legend = sum(shown) + LEGEND_GAP_PX * max(len(shown) - 1, 0)
+    return max(max(plot_px, MIN_PLOT_PX) + frame, legend + frame // 2)
+
+
+def legend_px(entries: int, row_px: int = LEGEND_ROW_PX) -> int:
+    """Pixels of a legend of ``entries`` (at most :data:`LEGEND_MOST` listed), with its title; 0 for none."""
+    return LEGEND_TITLE_PX + min(entries, LEGEND_MOST) * row_px if entries > 0 else 0
+
+
+def series_legend(title: str, count: int) -> alt.Legend:
+    """A legend that lists all ``count`` series (Vega's default stops at 30), or the first
+    :data:`LEGEND_MOST` with a title that says so."""
+    if count <= LEGEND_MOST:
+        return alt.Legend(title=title, symbolLimit=max(count, 1))
+    return alt.Legend(title=f"{title} (first {LEGEND_MOST} of {count})", symbolLimit=LEGEND_MOST)
+
+
+def _marker_legend(overlay: alt.LayerChart | None) -> list[int]:
+    """The markers' legend in pixels: every kind of :data:`MARKER_COLOURS` (its domain is fixed)."""
+    return [] if overlay is None else [legend_px(len(MARKER_COLOURS.domain), MARKER_ROW_PX)]
 
 
 def gpu_line_rows(frame: pd.DataFrame, metric: str, node: str, budget: int) -> pd.DataFrame:
@@ -229,10 +307,16 @@ def gpu_lines(frame: pd.DataFrame, metric: str, node: str, domain: Domain, overl
     lines = alt.Chart(shown).mark_line(interpolate="step-after", clip=True,
                                        invalid="break-paths-show-path-domains").encode(
         x=time_x(domain), y=alt.Y(f"{metric}:Q", title=title, scale=scale),
-        color=alt.Color("gpu:N", title="GPU"),
+        color=alt.Color("gpu:N", legend=series_legend("GPU", shown["gpu"].nunique())),
         tooltip=["gpu:N", time_tooltip(), alt.Tooltip(f"{metric}:Q", format=".1f")],
-    ).properties(title=f"{node}: {title}", height=200)
+    ).properties(title=f"{node}: {title}", height=LINE_PLOT_PX)
     return _with_markers(lines, overlay)
+
+
+def gpu_lines_px(frame: pd.DataFrame, node: str, overlay: alt.LayerChart | None) -> int:
+    """The element height of :func:`gpu_lines` of ``node`` (:func:`element_px`)."""
+    gpus = frame.loc[frame["node"] == node, "gpu"].nunique()
+    return element_px(LINE_PLOT_PX, [legend_px(gpus), *_marker_legend(overlay)])
 
 
 def bucket_ends(frame: pd.DataFrame, domain: Domain) -> pd.Series:
@@ -252,10 +336,14 @@ def gpu_heatmap(frame: pd.DataFrame, domain: Domain) -> alt.Chart:
     gpus = frame["gpu"].nunique()
     cells = frame[["gpu", "bucket", "util_gpu"]].assign(end=bucket_ends(frame, domain))  # only what is drawn
     order = sorted(frame["gpu"].unique(), key=lambda g: (g.rsplit(":", 1)[0], int(g.rsplit(":", 1)[1] or 0)))
-    return alt.Chart(cells).mark_rect(clip=True).encode(
+    utilisation = alt.Scale(domain=[0, 100], scheme="viridis")
+    # A hairline of the cell's own colour: cells about a pixel wide (a window at its sampling interval)
+    # otherwise leave anti-aliased seams, a stripe every few pixels that reads as data.
+    return alt.Chart(cells).mark_rect(clip=True, strokeWidth=0.5).encode(
         x=time_x(domain), x2="end:T",
         y=alt.Y("gpu:N", sort=order, title=None, axis=alt.Axis(labelOverlap=True, labelFontSize=9)),
-        color=alt.Color("util_gpu:Q", title="util %", scale=alt.Scale(domain=[0, 100], scheme="viridis")),
+        color=alt.Color("util_gpu:Q", title="util %", scale=utilisation),
+        stroke=alt.Stroke("util_gpu:Q", scale=utilisation, legend=None),
         tooltip=["gpu:N", time_tooltip(), alt.Tooltip("util_gpu:Q", format=".0f")],
     ).properties(height=_heatmap_px(gpus), title="GPU utilisation, every GPU")
 
@@ -320,26 +408,20 @@ def _outlier_colours(view: StepView) -> alt.Scale:
     return alt.Scale(domain=labels, range=colours)
 
 
-def step_chart(view: StepView, domain: Domain, overlay: alt.LayerChart | None) -> alt.LayerChart | alt.Chart:
-    """Few ranks: a line per rank, stragglers red. Many: the band (10th–90th percentile across
-    ranks) with its median, and the outlier ranks as lines over it."""
-    lines = view.lines.assign(
+OWN_WORK_TITLE: Final = "own work per step (s)"
+"""Data wait + forward: the work a rank does before it meets the others in the all-reduce."""
+
+
+def _labelled(view: StepView) -> pd.DataFrame:
+    return view.lines.assign(
         straggler=view.lines["rank"].isin(view.stragglers).map({True: "straggler", False: "ok"}),
         label=view.lines["rank"].map(lambda r: _outlier_label(r, view.stragglers)))
-    tooltip = ["rank:N", time_tooltip(), alt.Tooltip("duration_s:Q", format=".3f"), "last_step:Q"]
-    if view.band is None:
-        chart = alt.Chart(lines).mark_line().encode(
-            x=time_x(domain), y=alt.Y("duration_s:Q", title="step time (s)"), detail="rank:N",
-            color=alt.Color("straggler:N", scale=_STRAGGLER_COLOURS, title=None),
-            strokeWidth=alt.condition(alt.datum.straggler == "straggler", alt.value(2.5), alt.value(1)),
-            tooltip=tooltip,
-        ).properties(height=220, title="Step time per rank")
-        return _with_markers(chart, overlay)
-    # Every layer names the shared y axis the same, so Vega-Lite does not list each field in its title.
-    y_title = "step time (s)"
+
+
+def _band_layers(band: pd.DataFrame, domain: Domain, y_title: str) -> list[alt.Chart]:
+    """The band (10th–90th percentile across ranks, :data:`BAND_QUANTILES`) and its median line."""
     low, high = (round(q * 100) for q in BAND_QUANTILES)
-    spread = f"{low}th–{high}th percentile"
-    base = alt.Chart(view.band).encode(x=time_x(domain))
+    base = alt.Chart(band).encode(x=time_x(domain))
     band_tooltip = [time_tooltip(), alt.Tooltip("median:Q", format=".3f"),
                     alt.Tooltip("low:Q", format=".3f", title=f"p{low}"),
                     alt.Tooltip("high:Q", format=".3f", title=f"p{high}"), "ranks:Q"]
@@ -347,17 +429,83 @@ def step_chart(view: StepView, domain: Domain, overlay: alt.LayerChart | None) -
         y=alt.Y("low:Q", title=y_title), y2="high:Q", tooltip=band_tooltip)
     median = base.mark_line(color="#3182bd", interpolate="step-after").encode(
         y=alt.Y("median:Q", title=y_title), tooltip=band_tooltip)
-    layers: list[alt.Chart] = [area, median]
+    return [area, median]
+
+
+def _outlier_lines(view: StepView, lines: pd.DataFrame, field: str, domain: Domain, y_title: str) -> alt.Chart:
+    """The ranks drawn alone, a layer of their own over the band: stragglers red and thicker."""
+    return alt.Chart(lines).mark_line(interpolate="step-after").encode(
+        x=time_x(domain), y=alt.Y(f"{field}:Q", title=y_title), detail="rank:N",
+        color=alt.Color("label:N", title="drawn alone", scale=_outlier_colours(view)),
+        strokeWidth=alt.condition(alt.datum.straggler == "straggler", alt.value(2.5), alt.value(1.5)),
+        tooltip=["rank:N", time_tooltip(), alt.Tooltip(f"{field}:Q", format=".3f"), "last_step:Q"])
+
+
+def _per_rank(view: StepView, field: str, domain: Domain, y_title: str, title: str | alt.TitleParams,
+              plot_px: int) -> alt.Chart:
+    """Few ranks: a line per rank of ``field``, stragglers red."""
+    lines = _labelled(view).dropna(subset=[field])
+    return alt.Chart(lines).mark_line().encode(
+        x=time_x(domain), y=alt.Y(f"{field}:Q", title=y_title), detail="rank:N",
+        color=alt.Color("straggler:N", scale=_STRAGGLER_COLOURS, title=None),
+        strokeWidth=alt.condition(alt.datum.straggler == "straggler", alt.value(2.5), alt.value(1)),
+        tooltip=["rank:N", time_tooltip(), alt.Tooltip(f"{field}:Q", format=".3f"), "last_step:Q"],
+    ).properties(height=plot_px, title=title)
+
+
+def step_chart(view: StepView, domain: Domain, overlay: alt.LayerChart | None) -> alt.LayerChart | alt.Chart:
+    """Few ranks: a line per rank, stragglers red. Many: the band (10th–90th percentile across
+    ranks) with its median, and the outlier ranks as lines over it. Where the stragglers were found
+    on own work per step, the subtitle says why the straggler's step time lies on the band: the
+    others wait for it (:func:`own_work_chart` draws what sets it apart)."""
+    waits = "every rank waits for the slowest in the all-reduce, so step times are alike"
+    if view.band is None:
+        title: str | alt.TitleParams = (alt.TitleParams("Step time per rank", subtitle=waits) if view.own_work
+                                        else "Step time per rank")
+        return _with_markers(_per_rank(view, "duration_s", domain, "step time (s)", title, STEP_PLOT_PX), overlay)
+    # Every layer names the shared y axis the same, so Vega-Lite does not list each field in its title.
+    y_title = "step time (s)"
+    low, high = (round(q * 100) for q in BAND_QUANTILES)
+    layers = _band_layers(view.band, domain, y_title)
+    lines = _labelled(view)
     if not lines.empty:
-        layers.append(alt.Chart(lines).mark_line(interpolate="step-after").encode(
-            x=time_x(domain), y=alt.Y("duration_s:Q", title=y_title), detail="rank:N",
-            color=alt.Color("label:N", title="drawn alone", scale=_outlier_colours(view)),
-            strokeWidth=alt.condition(alt.datum.straggler == "straggler", alt.value(2.5), alt.value(1.5)),
-            tooltip=tooltip))
+        layers.append(_outlier_lines(view, lines, "duration_s", domain, y_title))
+    subtitle = f"band: {low}th–{high}th percentile per bucket; dark line: median; lines: ranks outside the band"
     title = alt.TitleParams(f"Step time across {view.ranks} ranks",
-                            subtitle=f"band: {spread} per bucket; dark line: median; lines: ranks outside the band")
-    chart = alt.LayerChart(layer=layers, height=220, title=title)
+                            subtitle=[subtitle, waits] if view.own_work else subtitle)
+    chart = alt.LayerChart(layer=layers, height=STEP_PLOT_PX, title=title)
     return _with_markers(chart, overlay)
+
+
+def own_work_chart(view: StepView, domain: Domain,
+                   overlay: alt.LayerChart | None) -> alt.LayerChart | alt.Chart | None:
+    """Own work per step (data wait + forward), the figure the straggler rule compares in synchronous
+    training: the straggler's line apart from the others', whose step times it sets. Many ranks: the
+    band of own work across ranks and its median, the ranks drawn alone as lines over it (stragglers
+    red); few: a line per rank. ``None`` when the steps did not measure it (:attr:`StepView.own_work`)."""
+    if not view.own_work:
+        return None
+    if view.own_band is None:
+        chart = _per_rank(view, "own_s", domain, OWN_WORK_TITLE, "Own work per step per rank (data wait + forward)",
+                          STEP_PLOT_PX)
+        return _with_markers(chart, overlay)
+    layers = _band_layers(view.own_band, domain, OWN_WORK_TITLE)
+    lines = _labelled(view).dropna(subset=["own_s"]) if "own_s" in view.lines else pd.DataFrame()
+    if not lines.empty:
+        layers.append(_outlier_lines(view, lines, "own_s", domain, OWN_WORK_TITLE))
+    low, high = (round(q * 100) for q in BAND_QUANTILES)
+    title = alt.TitleParams(f"Own work per step across {view.ranks} ranks (data wait + forward)",
+                            subtitle=f"band: {low}th–{high}th percentile per bucket; dark line: median; "
+                                     "lines: the ranks drawn alone above, stragglers red")
+    return _with_markers(alt.LayerChart(layer=layers, height=STEP_PLOT_PX, title=title), overlay)
+
+
+def step_chart_px(view: StepView, overlay: alt.LayerChart | None) -> int:
+    """The element height of :func:`step_chart` or :func:`own_work_chart` of ``view`` (:func:`element_px`)."""
+    entries = 2 if view.band is None else len(view.outliers)  # ok/straggler, or the ranks drawn alone
+    subtitles = view.band is not None or view.own_work
+    px = element_px(STEP_PLOT_PX, [legend_px(entries), *_marker_legend(overlay)], subtitle=subtitles)
+    return px + (SUBTITLE_PX if view.band is not None and view.own_work else 0)  # two subtitle lines
 
 
 def metric_chart(frame: pd.DataFrame, name: str, domain: Domain, budget: int) -> alt.Chart:
@@ -367,19 +515,59 @@ def metric_chart(frame: pd.DataFrame, name: str, domain: Domain, budget: int) ->
     data = fit_lines(data, ["rank"], budget, {"value": "mean", "step": "max"})
     return alt.Chart(data).mark_line().encode(
         x=time_x(domain), y=alt.Y("value:Q", title=name, scale=alt.Scale(zero=False)),
-        color=alt.Color("rank:N"),
+        color=alt.Color("rank:N", legend=series_legend("rank", data["rank"].nunique())),
         tooltip=["rank:N", time_tooltip(), "step:Q", alt.Tooltip("value:Q", format=".4g")],
-    ).properties(height=180, title=name)
+    ).properties(height=METRIC_PLOT_PX, title=name)
+
+
+def metric_chart_px(frame: pd.DataFrame, name: str) -> int:
+    """The element height of :func:`metric_chart` of ``name`` (:func:`element_px`)."""
+    return element_px(METRIC_PLOT_PX, [legend_px(frame.loc[frame["name"] == name, "rank"].nunique())])
+
+
+THROUGHPUT_FIELD: Final = "samples_per_s"
+THROUGHPUT_MIN_STEPS: Final = 20
+"""Steps a rank takes in a throughput bucket, at least: neighbouring buckets are merged until they hold
+this many. Buckets of one or two steps each drew a comb between half and all of the rate (16 ranks
+stepping every second in 1.8 s buckets: 284 and 568 samples/s for 512)."""
+
+
+def throughput_rows(steps: pd.DataFrame) -> pd.DataFrame:
+    """Per bucket, the samples all ranks trained on per second (``samples_per_s``): the bucket's samples
+    over the time it spans, so the figure does not change with the zoom as a count per bucket did.
+    Buckets (:func:`bucket_width` wide) are merged on their grid to hold :data:`THROUGHPUT_MIN_STEPS`
+    steps a rank; the last spans to the last bucket's end only. Empty when the width is not known (a
+    single bucket)."""
+    measured = steps.dropna(subset=["samples"])
+    width = bucket_width(steps)
+    if width is None or measured.empty:
+        return pd.DataFrame({"bucket": pd.Series(dtype="datetime64[ns, UTC]"), "samples": pd.Series(dtype=float),
+                             THROUGHPUT_FIELD: pd.Series(dtype=float)})
+    per_bucket = measured.groupby("bucket", as_index=False)[["samples", "steps"]].sum()
+    steps_a_rank = float(per_bucket["steps"].sum()) / max(measured["rank"].nunique(), 1) / len(per_bucket)
+    factor = max(1, math.ceil(THROUGHPUT_MIN_STEPS / max(steps_a_rank, 1e-9)))
+    merged = merge_on_grid(per_bucket, [], width, factor, {"samples": "sum", "steps": "sum"})
+    last_end = per_bucket["bucket"].max() + width
+    spans = (last_end - merged["bucket"]).clip(upper=width * factor).dt.total_seconds()
+    return merged.assign(**{THROUGHPUT_FIELD: merged["samples"].astype(float) / spans})
 
 
 def throughput_chart(steps: pd.DataFrame, domain: Domain) -> alt.Chart:
-    """Samples per bucket summed over ranks, on the page's one time axis (it was Streamlit's own
-    line chart, which labelled time in the browser's zone on a 12-hour clock)."""
-    per_bucket = steps.groupby("bucket", as_index=False)["samples"].sum(min_count=1).dropna(subset=["samples"])
-    return alt.Chart(per_bucket).mark_line(interpolate="step-after").encode(
-        x=time_x(domain), y=alt.Y("samples:Q", title="samples per bucket"),
-        tooltip=[time_tooltip(), alt.Tooltip("samples:Q", format=",.0f")],
-    ).properties(height=160, title="Throughput (samples per bucket, all ranks)")
+    """Samples per second summed over ranks (:func:`throughput_rows`), on the page's one time axis, its
+    axis in SI units (``50k``) from zero."""
+    rows = throughput_rows(steps)
+    return alt.Chart(rows).mark_line(interpolate="step-after").encode(
+        x=time_x(domain),
+        y=alt.Y(f"{THROUGHPUT_FIELD}:Q", title="samples/s", scale=alt.Scale(zero=True),
+                axis=alt.Axis(format="~s", tickCount=4)),
+        tooltip=[time_tooltip(), alt.Tooltip(f"{THROUGHPUT_FIELD}:Q", format=",.1f", title="samples/s"),
+                 alt.Tooltip("samples:Q", format=",.0f", title="samples in the bucket")],
+    ).properties(height=THROUGHPUT_PLOT_PX, title="Throughput (samples/s, all ranks)")
+
+
+def throughput_px() -> int:
+    """The element height of :func:`throughput_chart` (:func:`element_px`)."""
+    return element_px(THROUGHPUT_PLOT_PX)
 
 
 def breakdown_chart(breakdown: pd.DataFrame) -> alt.Chart:
@@ -388,6 +576,16 @@ def breakdown_chart(breakdown: pd.DataFrame) -> alt.Chart:
         x=alt.X("seconds:Q", title="time (s)", stack="zero"), y=alt.Y("rank:N"),
         color=alt.Color("category:N"), tooltip=["rank:N", "category:N", alt.Tooltip("seconds:Q", format=".3f")],
     ).properties(title="Per-rank breakdown")
+
+
+BAR_PX: Final = 24
+"""A rank's bar in the breakdown, with the gap to the next."""
+
+
+def breakdown_px(breakdown: pd.DataFrame) -> int:
+    """The element height of :func:`breakdown_chart`: a bar a rank, and every category in its legend
+    (a chart of one rank was too short for it and dropped its largest part's name)."""
+    return element_px(BAR_PX * breakdown["rank"].nunique(), [legend_px(breakdown["category"].nunique())])
 
 
 def trend_chart(trend: pd.DataFrame) -> alt.Chart:

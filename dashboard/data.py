@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime as dt
 import os
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -32,7 +33,15 @@ from jobsight.collector.query import series as queries
 from jobsight.collector.query.grids import read_gpu_grid, read_metric_grid, read_step_grid
 from jobsight.collector.query.jobs import get_job, list_jobs
 from jobsight.collector.query.suspects import suspect_gpus
-from jobsight.collector.store.db import READ_POOL, Connection, open_pool, unit_of_work
+from jobsight.collector.store.db import (
+    READ_POOL,
+    Connection,
+    DatabaseUnavailable,
+    ReadTooLong,
+    open_pool,
+    unit_of_work,
+)
+from jobsight.dashboard import read_outage
 from jobsight.dashboard.identity import Viewer
 from jobsight.dashboard.settings import dashboard_settings
 from jobsight.rules.hardware_cause import xid_text
@@ -42,25 +51,55 @@ T = TypeVar("T")
 TTL = dt.timedelta(seconds=dashboard_settings().cache_ttl_s)
 
 
-class DatabaseNotConfigured(RuntimeError):
-    """``JOBSIGHT_DATABASE_URL`` is not set."""
-
-
 READ_STATEMENT_TIMEOUT_S = 30.0
 """A page's query is cancelled past this (PostgreSQL's ``statement_timeout``), as the collector's reads are."""
+READ_CONNECTIONS = 4
+"""Connections of this dashboard process's pool: pages of one job share its cached reads, so sessions
+add little (``bench/live_pages.py``)."""
+BUSY_WAIT_S = 30.0
+"""How long a read waits for a connection while the server is there but every connection is busy
+(the pool's own wait, 5 s, comes round again until then) before the page says so."""
 
 
 @st.cache_resource(show_spinner=False)
 def _pool(database_url: str) -> ConnectionPool[Connection]:
-    return open_pool(database_url, size=4, statement_timeout_s=READ_STATEMENT_TIMEOUT_S, name=READ_POOL)
+    return open_pool(database_url, size=READ_CONNECTIONS, statement_timeout_s=READ_STATEMENT_TIMEOUT_S,
+                     name=READ_POOL)
 
 
 def _read(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    """``fn(conn, *args, **kwargs)`` in one transaction. When the database cannot be read, the page says
+    why in words where it has got to and stops (:func:`jobsight.dashboard.read_outage.stop_page`)."""
+    retry_s = dashboard_settings().refresh_s
     url = os.environ.get("JOBSIGHT_DATABASE_URL")
     if not url:
-        raise DatabaseNotConfigured("JOBSIGHT_DATABASE_URL is not set; start the dashboard with `jobsight up`")
-    with unit_of_work(_pool(url)) as conn:
-        return fn(conn, *args, **kwargs)
+        read_outage.stop_page(read_outage.Unreadable("unconfigured"), retry_s)
+    outage = read_outage.outage_of(url)
+    try:
+        result = _read_from(url, outage, fn, *args, **kwargs)
+    except read_outage.Unreadable as problem:
+        read_outage.stop_page(outage.met(problem, retry_s), retry_s)
+    outage.passed()
+    return result
+
+
+def _read_from(url: str, outage: read_outage.ReadOutage, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    if outage.ongoing and (problem := read_outage.connection_cause(url)) is not None:
+        raise problem  # at once, not after the pool's wait: one new connection says whether it is over
+    deadline = time.monotonic() + BUSY_WAIT_S
+    while True:
+        try:
+            with unit_of_work(_pool(url)) as conn:
+                return fn(conn, *args, **kwargs)
+        except ReadTooLong as exc:
+            raise read_outage.Unreadable("slow", str(exc)) from exc
+        except DatabaseUnavailable as exc:
+            # The pool's wait ended with no connection, or one broke: whether the server is there
+            # decides between an outage (the cause a new connection meets) and a busy pool (wait again).
+            if (problem := read_outage.connection_cause(url)) is not None:
+                raise problem from exc
+            if time.monotonic() >= deadline:
+                raise read_outage.Unreadable("busy", str(exc)) from exc
 
 
 def _frame(rows: Sequence[dict[str, Any]], columns: Sequence[str] = ()) -> pd.DataFrame:
@@ -129,46 +168,51 @@ def open_job(viewer: Viewer, cluster: str, job_id: str) -> JobAccess:
 # ---- per-job series (take a JobRef) ------------------------------------------------------
 
 @st.cache_data(ttl=TTL, show_spinner=False)
-def _gpu(cluster: str, job_id: str, cells: int, most: int) -> pd.DataFrame:
-    return _frame(_read(read_gpu_grid, cluster, job_id, cells, most),
+def _gpu(cluster: str, job_id: str, cells: int, most: int, span: dt.timedelta | None) -> pd.DataFrame:
+    return _frame(_read(read_gpu_grid, cluster, job_id, cells, most, span=span),
                   ("node", "gpu_index", "bucket", "bucket_s", "interval_s", "util_gpu", "mem_used", "power_w",
                    "temp_c"))
 
 
-def gpu_series(ref: JobRef, cells: int, most: int) -> pd.DataFrame:
-    """Per GPU and bucket, with GPUs × buckets within ``cells`` and at most ``most`` buckets a GPU; each
-    row with its bucket's width (``bucket_s``, never under the sampling interval) and the interval
-    (``interval_s``)."""
-    return _gpu(ref.cluster, ref.job_id, cells, most)
+def gpu_series(ref: JobRef, cells: int, most: int, span: dt.timedelta | None = None) -> pd.DataFrame:
+    """Per GPU and bucket over the run's last ``span`` (``None``: all of it), with GPUs × buckets within
+    ``cells`` and at most ``most`` buckets a GPU, or a bucket a sample when the window's samples are few
+    (:func:`jobsight.collector.query.grids.read_gpu_grid`); each row with its bucket's width (``bucket_s``,
+    never under the sampling interval) and the interval (``interval_s``)."""
+    return _gpu(ref.cluster, ref.job_id, cells, most, span)
 
 
 @st.cache_data(ttl=TTL, show_spinner=False)
-def _steps(cluster: str, job_id: str, cells: int, most: int) -> pd.DataFrame:
-    return _frame(_read(read_step_grid, cluster, job_id, cells, most),
-                  ("rank", "bucket", "duration_s", "steps", "samples", "last_step"))
+def _steps(cluster: str, job_id: str, cells: int, most: int, span: dt.timedelta | None) -> pd.DataFrame:
+    return _frame(_read(read_step_grid, cluster, job_id, cells, most, span=span),
+                  ("rank", "bucket", "duration_s", "steps", "samples", "last_step", "own_s"))
 
 
-def step_series(ref: JobRef, cells: int, most: int) -> pd.DataFrame:
-    """Per rank and bucket, with ranks × buckets within ``cells`` and at most ``most`` buckets a rank."""
-    return _steps(ref.cluster, ref.job_id, cells, most)
+def step_series(ref: JobRef, cells: int, most: int, span: dt.timedelta | None = None) -> pd.DataFrame:
+    """Per rank and bucket over the run's last ``span`` (``None``: all of it), with ranks × buckets within
+    ``cells`` and at most ``most`` buckets a rank; ``own_s`` is the rank's own work per step (data wait +
+    forward), ``None`` where a step did not measure it."""
+    return _steps(ref.cluster, ref.job_id, cells, most, span)
 
 
 def step_view(steps: pd.DataFrame, budget: int) -> rank_outliers.StepView:
     """What the step chart draws of ``steps`` (:func:`step_series`, or :func:`moment`'s) within ``budget``
-    points: the stragglers by the one rule, the band across many ranks and the ranks drawn alone
-    (:func:`jobsight.collector.query.rank_outliers.step_view`)."""
+    points: the stragglers by the one rule, the band across many ranks and the ranks drawn alone, and,
+    where the steps measured it, the same of each rank's own work per step (``own_band``, ``own_s`` of the
+    ``lines``): :func:`jobsight.collector.query.rank_outliers.step_view`."""
     return rank_outliers.step_view(steps, rank_outliers.find_stragglers(steps), budget)
 
 
 @st.cache_data(ttl=TTL, show_spinner=False)
-def _metrics(cluster: str, job_id: str, points: int, most: int) -> pd.DataFrame:
-    return _frame(_read(read_metric_grid, cluster, job_id, points, most), ("name", "rank", "bucket", "value", "step"))
+def _metrics(cluster: str, job_id: str, points: int, most: int, span: dt.timedelta | None) -> pd.DataFrame:
+    return _frame(_read(read_metric_grid, cluster, job_id, points, most, span=span),
+                  ("name", "rank", "bucket", "value", "step"))
 
 
-def metric_series(ref: JobRef, points: int, most: int) -> pd.DataFrame:
-    """Per metric, rank and bucket, with each metric's ranks × buckets within ``points`` and at most
-    ``most`` buckets a rank."""
-    return _metrics(ref.cluster, ref.job_id, points, most)
+def metric_series(ref: JobRef, points: int, most: int, span: dt.timedelta | None = None) -> pd.DataFrame:
+    """Per metric, rank and bucket over the run's last ``span`` (``None``: all of it), with each metric's
+    ranks × buckets within ``points`` and at most ``most`` buckets a rank."""
+    return _metrics(ref.cluster, ref.job_id, points, most, span)
 
 
 @st.cache_data(ttl=TTL, show_spinner=False)

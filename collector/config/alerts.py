@@ -27,6 +27,7 @@ from typing import Any, ClassVar
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, ValidationInfo, field_validator
 from pydantic_settings import SettingsConfigDict
 
+from jobsight.collector.config.alertmanager import ALERTMANAGER_SINK_PREFIX, AlertmanagerSink
 from jobsight.collector.config.toml_settings import SettingsError, TomlTableSettings, validation_message
 from jobsight.rules.health import SEVERITIES
 
@@ -126,6 +127,8 @@ class AlertSettings(TomlTableSettings):
 
     sinks: list[Sink] = Field(default_factory=list)
     """Where alerts go; none: no alerts (the sender idles)."""
+    alertmanagers: list[AlertmanagerSink] = Field(default_factory=list)
+    """Alertmanagers that get each finding as an alert (:mod:`jobsight.collector.config.alertmanager`)."""
     notify_users: bool = False
     """Also tell a job's own user, at their address in ``user_addresses`` (users not there: not told)."""
     user_addresses: dict[str, SecretStr] = Field(default_factory=dict)
@@ -207,9 +210,16 @@ class AlertSettings(TomlTableSettings):
             return self.address_of(sink[len(USER_SINK_PREFIX):])
         return next((configured.url for configured in self.sinks if configured.name == sink), None)
 
+    def alertmanager_of(self, sink: str) -> AlertmanagerSink | None:
+        """The Alertmanager an outbox sink name (``alertmanager:<name>``) names; ``None``: not one (any more)."""
+        if not sink.startswith(ALERTMANAGER_SINK_PREFIX):
+            return None
+        return next((am for am in self.alertmanagers if am.sink == sink), None)
+
     def can_send(self) -> bool:
         """Whether any alert can go anywhere (a sink, a user's address, the address template)."""
-        return bool(self.sinks) or (self.notify_users and bool(self.user_addresses or self.user_address_template))
+        return bool(self.sinks) or bool(self.alertmanagers) or (
+            self.notify_users and bool(self.user_addresses or self.user_address_template))
 
     def sink_urls(self) -> dict[str, SecretStr]:
         """Every outbox sink name this configuration can name in advance, with its URL (the template's

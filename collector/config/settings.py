@@ -10,7 +10,8 @@ Its own fields come from ``JOBSIGHT_*`` env vars and the ``[collector]`` table o
 * ``reconcile`` (:mod:`jobsight.collector.config.reconcile`): ``JOBSIGHT_RECONCILE_*``, ``[reconcile]``;
 * ``actions`` (:mod:`jobsight.collector.config.actions`): ``JOBSIGHT_ACTIONS_*``, ``[actions]``;
 * ``notices`` (:mod:`jobsight.collector.config.notices`): ``JOBSIGHT_NOTICES_*``, ``[notices]``;
-* ``carbon`` (:mod:`jobsight.collector.config.carbon`): ``JOBSIGHT_CARBON_*``, ``[carbon]``.
+* ``carbon`` (:mod:`jobsight.collector.config.carbon`): ``JOBSIGHT_CARBON_*``, ``[carbon]``;
+* ``exposition`` (:mod:`jobsight.collector.config.exposition`): ``JOBSIGHT_EXPOSITION_*``, ``[exposition]``.
 
 :func:`load_collector_settings` reads all of them before anything starts, and a bad value anywhere
 stops the start with one message naming every bad value (CONTRIBUTING rule 2).
@@ -28,6 +29,7 @@ from pydantic_settings import SettingsConfigDict
 from jobsight.collector.config.actions import ActionSettings, load_action_settings
 from jobsight.collector.config.alerts import AlertSettings, load_alert_settings
 from jobsight.collector.config.carbon import CarbonSettings, load_carbon_settings
+from jobsight.collector.config.exposition import ExpositionSettings, load_exposition_settings
 from jobsight.collector.config.health import HealthSettings, load_health_settings
 from jobsight.collector.config.notices import NoticeSettings, load_notice_settings
 from jobsight.collector.config.reconcile import ReconcileSettings, load_reconcile_settings
@@ -125,6 +127,7 @@ class CollectorSettings(TomlTableSettings):
     actions: ActionSettings = Field(default_factory=load_action_settings)
     notices: NoticeSettings = Field(default_factory=load_notice_settings)
     carbon: CarbonSettings = Field(default_factory=load_carbon_settings)
+    exposition: ExpositionSettings = Field(default_factory=load_exposition_settings)
 
     def resolved_admin_token_file(self) -> Path:
         return self.admin_token_file or self.data_dir / ADMIN_TOKEN_FILE
@@ -141,6 +144,7 @@ SECTIONS: dict[str, tuple[type[BaseModel], Callable[[], BaseModel]]] = {
     "actions": (ActionSettings, load_action_settings),
     "notices": (NoticeSettings, load_notice_settings),
     "carbon": (CarbonSettings, load_carbon_settings),
+    "exposition": (ExpositionSettings, load_exposition_settings),
 }
 """Each section of :class:`CollectorSettings`, its type and how it is read."""
 

@@ -27,8 +27,10 @@ import psycopg
 from psycopg.rows import dict_row, tuple_row
 from psycopg_pool import ConnectionPool
 
+from jobsight.collector.config.alertmanager import AlertmanagerSink
 from jobsight.collector.config.alerts import AlertSettings
 from jobsight.collector.passes.alert_messages import deliver, message
+from jobsight.collector.passes.alertmanager import post_alerts
 from jobsight.collector.store.db import Connection, DatabaseUnavailable, autocommit_connection, unavailable
 
 log = logging.getLogger("jobsight.collector.passes.alerts")
@@ -57,7 +59,8 @@ SELECT EXISTS (SELECT 1 FROM alert_outbox WHERE sink = %(sink)s
 
 CLAIM: Final = """
 SELECT o.job_id, o.id, o.cluster, o.finding_id, o.event, o.attempts,
-       f.rule, f.subject, f.severity, f.title, f.message, f.opened_at, f.resolved_at, f.at_ts, j.user_name
+       f.rule, f.subject, f.severity, f.title, f.message, f.opened_at, f.resolved_at, f.at_ts, j.user_name,
+       j.name AS job_name
 FROM alert_outbox o
 LEFT JOIN findings f ON f.job_id = o.job_id AND f.id = o.finding_id
 LEFT JOIN jobs j ON j.cluster = o.cluster AND j.job_id = o.job_id
@@ -82,6 +85,10 @@ RETURNING job_id, finding_id, event, attempts
 """
 
 
+Send = Callable[[list[dict[str, Any]]], tuple[str | None, str]]
+"""Sends a sink's claimed rows: ``(None or why not, what went in words for the log)``."""
+
+
 def enqueue(
     conn: Connection, settings: AlertSettings, finding: Mapping[str, Any], event: str, job: Mapping[str, Any]
 ) -> int:
@@ -92,6 +99,7 @@ def enqueue(
     if event not in EVENTS:
         raise ValueError(f"alert event must be one of {EVENTS}, not {event!r}")
     sinks = [sink.name for sink in settings.sinks if sink.matches(finding, job)]
+    sinks += [am.sink for am in settings.alertmanagers if am.matches(finding, job)]
     user_sink = settings.user_sink(job.get("user_name"))
     if user_sink is not None:
         sinks.append(user_sink)
@@ -140,31 +148,48 @@ class AlertSender:
         sent = 0
         with self._connection(conn) as db:
             for (sink,) in _rows(db, _DUE_SINKS, {"max_attempts": self.settings.max_attempts}):
+                alertmanager = self.settings.alertmanager_of(sink)
+                if alertmanager is not None:
+                    # Alertmanager groups alerts itself: no window here, each row an alert.
+                    sent += self._send_sink(db, sink, 0.0, self._alertmanager(alertmanager))
+                    continue
                 url = self.settings.url_of(sink)
                 if url is not None:  # a sink since removed from the configuration: its rows wait
-                    sent += self._send_sink(db, sink, url.get_secret_value())
+                    sent += self._send_sink(db, sink, self.settings.group_window_s,
+                                            self._apprise(url.get_secret_value()))
         return sent
 
-    def _send_sink(self, db: Connection, sink: str, url: str) -> int:
+    def _alertmanager(self, target: AlertmanagerSink) -> Send:
+        def send(rows: list[dict[str, Any]]) -> tuple[str | None, str]:
+            return post_alerts(target, rows, self.dashboard_url), f"{len(rows)} alert(s)"
+        return send
+
+    def _apprise(self, url: str) -> Send:
+        def send(rows: list[dict[str, Any]]) -> tuple[str | None, str]:
+            composed = message(rows, self.dashboard_url)
+            return deliver(url, composed), composed.title
+        return send
+
+    def _send_sink(self, db: Connection, sink: str, window_s: float, send: Send) -> int:
+        """Claim ``sink``'s due rows and ``send`` them (unless it had a message in the last ``window_s``)."""
         settings = self.settings
         with db.transaction():
             locked = _rows(db, "SELECT pg_try_advisory_xact_lock(%(cls)s, hashtext(%(sink)s))",
                            {"cls": SINK_LOCK_CLASS, "sink": sink})
             if not locked[0][0]:
                 return 0  # another collector process is sending to this sink right now
-            if settings.group_window_s > 0:
-                if _rows(db, _SENT_IN_WINDOW, {"sink": sink, "window": settings.group_window_s})[0][0]:
+            if window_s > 0:
+                if _rows(db, _SENT_IN_WINDOW, {"sink": sink, "window": window_s})[0][0]:
                     return 0  # this window's message went; what is due waits for the window to end
             with db.cursor(row_factory=dict_row) as cur:
                 rows = cur.execute(CLAIM, {"sink": sink, "max_attempts": settings.max_attempts}).fetchall()
             if not rows:
                 return 0
-            composed = message(rows, self.dashboard_url)
-            error = deliver(url, composed)
+            error, what = send(rows)
             keys = {"job_ids": [row["job_id"] for row in rows], "ids": [row["id"] for row in rows]}
             if error is None:
                 db.execute(_MARK_SENT, keys)
-                log.info("alert sent to sink %s: %s", sink, composed.title)
+                log.info("alert sent to sink %s: %s", sink, what)
                 return len(rows)
             backoff = {"base_s": settings.retry_base_s, "max_s": settings.retry_max_s}
             failed = _rows(db, _MARK_FAILED, {**keys, **backoff, "error": error})

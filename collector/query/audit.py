@@ -39,7 +39,11 @@ def _allocations(cluster: str | None) -> str:
     ``cluster``."""
     where = "AND j.cluster = %(cluster)s" if cluster is not None else ""
     return f"""
-        SELECT j.cluster, j.job_id, j.user_name, j.account, j.partition, j.name, j.state, j.end_reason,
+        SELECT j.cluster, j.job_id,
+               -- A run outside Slurm has no prolog's user: its process's owner, as its page and the report
+               -- name it (jobsight/rules/display_text.user).
+               coalesce(j.user_name, j.attrs -> 'process' ->> 'user') AS user_name,
+               j.account, j.partition, j.name, j.state, j.end_reason,
                j.start_time, j.end_time,
                coalesce(nullif(cardinality(j.gpus), 0), s.gpu_count, 0) AS gpus,
                s.mean_util, coalesce(s.energy_kwh, live.energy_kwh) AS energy_kwh, s.flags,

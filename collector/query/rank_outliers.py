@@ -65,6 +65,11 @@ class StepView:
     hidden: int = 0
     own_work: bool = False
     """Whether the stragglers were found on own work per step (:func:`compares_own_work`), else on step time."""
+    own_band: pd.DataFrame | None = None
+    """The band of own work per step across ranks (as ``band``), where ``own_work`` and there is a band;
+    the ``lines`` then carry each drawn rank's own work per step (``own_s``) too. In synchronous training
+    every rank's step time is alike, so the straggler's step-time line lies on the band: its own work is
+    what sets it apart."""
 
 
 def _ranked(steps: pd.DataFrame) -> pd.DataFrame:
@@ -72,18 +77,31 @@ def _ranked(steps: pd.DataFrame) -> pd.DataFrame:
 
 
 def _merge_steps(steps: pd.DataFrame, most: int) -> pd.DataFrame:
-    """Steps with neighbouring buckets merged to at most ``most`` per rank, weighted by step count."""
+    """Steps with neighbouring buckets merged to at most ``most`` per rank, weighted by step count (own
+    work per step, ``own_s``, by the steps that measured it, so a merged bucket keeps it where any did)."""
     if steps["bucket"].nunique() <= most:
         return steps
     weighted = steps.assign(total=steps["duration_s"] * steps["steps"])
     how = {"total": "sum", "steps": "sum", "last_step": "max"}
+    own = "own_s" in steps
+    if own:
+        measured = steps["own_s"].notna()
+        weighted = weighted.assign(own_total=(steps["own_s"] * steps["steps"]).where(measured, 0.0),
+                                   own_steps=steps["steps"].where(measured, 0))
+        how |= {"own_total": "sum", "own_steps": "sum"}
     merged = merge_buckets(weighted, ["rank"], most, how)
-    return merged.assign(duration_s=merged["total"] / merged["steps"]).drop(columns="total")
+    merged = merged.assign(duration_s=merged["total"] / merged["steps"]).drop(columns="total")
+    if own:
+        own_steps = merged["own_steps"].astype(float)
+        merged = merged.assign(own_s=(merged["own_total"] / own_steps).where(own_steps > 0)).drop(
+            columns=["own_total", "own_steps"])
+    return merged
 
 
-def step_band(steps: pd.DataFrame) -> pd.DataFrame:
-    """Per bucket, across ranks: ``low``/``high`` (:data:`BAND_QUANTILES`), ``median`` and ``ranks``."""
-    grouped = steps.groupby("bucket")["duration_s"]
+def step_band(steps: pd.DataFrame, column: str = "duration_s") -> pd.DataFrame:
+    """Per bucket, across ranks, of ``column`` (step time; ``own_s`` for own work per step): ``low``/``high``
+    (:data:`BAND_QUANTILES`), ``median`` and ``ranks``."""
+    grouped = steps.dropna(subset=[column]).groupby("bucket")[column]
     low, high = BAND_QUANTILES
     return pd.DataFrame({"low": grouped.quantile(low), "median": grouped.median(), "high": grouped.quantile(high),
                          "ranks": grouped.count()}).reset_index()
@@ -113,14 +131,17 @@ def step_view(steps: pd.DataFrame, stragglers: list[int], budget: int) -> StepVi
     if ranks < BAND_FROM_RANKS:
         lines = _merge_steps(frame, points_per_series(budget, ranks, budget))
         return StepView(ranks, None, lines, [], list(stragglers), own_work=compares_own_work(steps))
-    # Slowest stragglers first, so a cap drops the mildest; then the ranks outside the band, found
-    # on the buckets as read, before any merging could average a stall away.
-    weighted = frame.assign(total=frame["duration_s"] * frame["steps"]).groupby("rank")[["total", "steps"]].sum()
+    # Slowest stragglers first (by what the rule compared), so a cap drops the mildest; then the ranks
+    # outside the band, found on the buckets as read, before any merging could average a stall away.
+    own = compares_own_work(steps)
+    weighted = frame.assign(total=frame["own_s" if own else "duration_s"] * frame["steps"]).groupby("rank")[
+        ["total", "steps"]].sum()
     mean = (weighted["total"] / weighted["steps"]).to_dict()
     slowest = sorted(stragglers, key=lambda rank: (-mean.get(rank, 0.0), rank))
     everyone = list(dict.fromkeys([*slowest, *outside_band(frame, step_band(frame))]))
     drawn = everyone[:MAX_OUTLIER_LINES]
-    frame = _merge_steps(frame, points_per_series(budget, len(drawn) + 1, budget))  # + 1: the band
+    # + 1: the band. The own-work chart draws as many points: its own band and the same ranks.
+    frame = _merge_steps(frame, points_per_series(budget, len(drawn) + 1, budget))
     lines = frame[frame["rank"].isin(drawn)]
     return StepView(ranks, step_band(frame), lines, drawn, list(stragglers), len(everyone) - len(drawn),
-                    compares_own_work(steps))
+                    own, step_band(frame, "own_s") if own else None)

@@ -10,11 +10,13 @@ import datetime as dt
 import pandas as pd
 import streamlit as st
 
-from jobsight.dashboard import action_steps, data, job_facts, url_state
+from jobsight.collector.config.actions import load_action_settings
+from jobsight.collector.config.toml_settings import SettingsError
+from jobsight.dashboard import action_steps, data, tables, url_state
 from jobsight.dashboard.identity import viewer_or_stop
 from jobsight.dashboard.settings import dashboard_settings
 from jobsight.dashboard.url_state import Param
-from jobsight.rules import links
+from jobsight.rules import display_text, links
 
 settings = dashboard_settings()
 viewer = viewer_or_stop(settings)
@@ -74,6 +76,34 @@ def _totals(by_user: pd.DataFrame) -> None:
     row[6].metric("Exempt", sums["exempt"])
 
 
+POLICY_DOC = "docs/health.md, section “Acting on waste”"
+"""Where a site reads how to set a waste policy."""
+
+
+def _policies() -> list[str] | None:
+    """The waste policies this dashboard's settings name (the collector's ``[actions]`` table of the
+    same ``JOBSIGHT_CONFIG``, or ``JOBSIGHT_ACTIONS_POLICIES``), each as ``name (rule, dry run)``;
+    ``None`` when those settings cannot be read here (the message is the collector's to show)."""
+    try:
+        settings = load_action_settings()
+    except SettingsError:
+        return None
+    return [f"{p.name} ({p.rule}, {'dry run' if p.dry_run else p.action})" for p in settings.policies]
+
+
+def why_empty(policies: list[str] | None, period: str) -> str:
+    """What an Actions page with no step means, and what would fill it."""
+    if policies == []:
+        return ("No waste policy is set, so jobsight has warned, cancelled or requeued nothing. A policy (warn "
+                "the user twice, then cancel or requeue a job whose GPUs stay idle) is a `[[actions.policies]]` "
+                f"entry in the collector's `JOBSIGHT_CONFIG` file or `JOBSIGHT_ACTIONS_POLICIES`: see {POLICY_DOC}. "
+                "Start with `dry_run = true`: its steps show here without touching a job.")
+    named = f"Policies set: {', '.join(policies)}. " if policies else ""
+    return (f"{named}No policy took a step in the {period}: no job's finding has lasted until a policy's "
+            "first warning, or the policies' filters leave every job out. Widen the time range to see older "
+            f"steps; {POLICY_DOC} says what a policy goes by.")
+
+
 def _counts(frame: pd.DataFrame, label: str) -> None:
     if frame.empty:
         st.info("No steps in this period.")
@@ -81,8 +111,8 @@ def _counts(frame: pd.DataFrame, label: str) -> None:
     config = {name: st.column_config.NumberColumn(text, help=COUNT_HELP.get(name)) for name, text in
               COUNT_LABELS.items()}
     # No name: a job run outside Slurm (no prolog named its user) or one whose row is gone.
-    named = frame.assign(name=[job_facts.UNKNOWN if pd.isna(n) else n for n in frame["name"]])
-    st.dataframe(named.rename(columns={"name": label}), hide_index=True, width="stretch", column_config=config)
+    named = frame.assign(name=[display_text.group_name(n) for n in frame["name"]])
+    tables.show(named.rename(columns={"name": label}), column_config=config)
 
 
 def _steps_table(frame: pd.DataFrame) -> pd.DataFrame:
@@ -93,8 +123,8 @@ def _steps_table(frame: pd.DataFrame) -> pd.DataFrame:
         "open": [links.job_link(r["cluster"], r["job_id"]) for r in rows],
         "at": [r["at"] for r in rows],
         "job": [r["job_id"] for r in rows],
-        "user": [r["user_name"] for r in rows],
-        "account": [r["account"] for r in rows],
+        "user": [display_text.group_name(r["user_name"]) for r in rows],
+        "account": [display_text.group_name(r["account"]) for r in rows],
         "policy": [r["policy"] for r in rows],
         "what": [action_steps.words(r) for r in rows],
         "detail": [action_steps.note(r) or "" for r in rows],
@@ -104,6 +134,8 @@ def _steps_table(frame: pd.DataFrame) -> pd.DataFrame:
 
 by_user = data.action_counts(viewer, "user_name", cluster=settings.cluster, user=user, account=account, since=since)
 _totals(by_user)
+if by_user.empty:
+    st.info(why_empty(_policies(), period), icon=":material/policy:")
 st.caption("Counts follow the user, account and time range above (not the step and outcome). A step is one per "
            "finding and policy: a job idle twice is warned on each idle spell.")
 user_tab, account_tab = st.tabs(["By user", "By account"])
@@ -122,7 +154,7 @@ if steps.empty:
     st.stop()
 shown = f"showing the newest {len(steps)}" if total > len(steps) else f"showing {len(steps)}"
 st.caption(f"{total} step(s) match; {shown}. “open” opens the job's page, where its steps are in its timeline.")
-st.dataframe(_steps_table(steps), hide_index=True, width="stretch", column_config={
+tables.show(_steps_table(steps), column_config={
     "open": st.column_config.LinkColumn("open", display_text="open"),
     "at": st.column_config.DatetimeColumn("at (UTC)", format="YYYY-MM-DD HH:mm", timezone="UTC"),
 })

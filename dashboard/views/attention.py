@@ -8,7 +8,7 @@ import datetime as dt
 import pandas as pd
 import streamlit as st
 
-from jobsight.dashboard import data, url_state
+from jobsight.dashboard import data, tables, url_state
 from jobsight.dashboard.identity import viewer_or_stop
 from jobsight.dashboard.settings import dashboard_settings
 from jobsight.dashboard.url_state import Param
@@ -66,7 +66,7 @@ def open_findings() -> None:
     shown = f"showing the {len(frame)} most severe" if total > data.ATTENTION_LIMIT else f"showing {len(frame)}"
     st.caption(f"{total} open finding(s) for this rule filter; {shown}. “open” opens the job page at the moment "
                "the finding points at.")
-    st.dataframe(_table(frame), hide_index=True, width="stretch", column_config={
+    tables.show(_table(frame), column_config={
         "open": st.column_config.LinkColumn("open", display_text="open"),
         "since": st.column_config.DatetimeColumn("since (UTC)", format="YYYY-MM-DD HH:mm", timezone="UTC"),
         "subject": st.column_config.TextColumn(help="what in the job: the whole job, or a rank"),

@@ -9,11 +9,11 @@ import datetime as dt
 import pandas as pd
 import streamlit as st
 
-from jobsight.dashboard import charts, data, url_state
+from jobsight.dashboard import charts, data, tables, url_state
 from jobsight.dashboard.identity import viewer_or_stop
 from jobsight.dashboard.settings import dashboard_settings
 from jobsight.dashboard.url_state import Param
-from jobsight.rules import links
+from jobsight.rules import display_text, links
 
 settings = dashboard_settings()
 viewer = viewer_or_stop(settings)
@@ -23,6 +23,15 @@ if not viewer.is_admin:
     st.stop()
 
 today = dt.datetime.now(dt.UTC).date()
+WIDER_DAYS = 30
+
+
+def _widen() -> str:
+    """How to see more: the address of the last 30 days (the demo's history, a month of a site's jobs)."""
+    wider = links.audit_link(today - dt.timedelta(days=WIDER_DAYS - 1), today)
+    return f"[the last {WIDER_DAYS} days]({wider})"
+
+
 # The period and thresholds in the address: /audit?from=2024-03-04&to=2024-03-05&low=30&idle=5 (the
 # days always, so that a copied address keeps its period; a threshold only when not the setting's).
 PARAMS = [
@@ -48,22 +57,23 @@ report = data.audit(viewer, start, end, cluster=settings.cluster, low_util_perce
 totals = report["totals"]
 row = st.columns(4)
 row[0].metric("Jobs", totals["jobs"])
-row[1].metric("GPU-hours", f"{totals['gpu_hours']:.1f}")
 growing = bool(totals.get("running_jobs"))
-row[2].metric("Energy (kWh)", ("≥ " if growing else "") + f"{totals['energy_kwh']:.2f}",
+# The figures as the job pages and the report print them (jobsight/rules/display_text.py).
+row[1].metric("GPU-hours", display_text.gpu_hours(totals["gpu_hours"], growing=growing))
+row[2].metric("Energy (kWh)", display_text.energy(totals["energy_kwh"], growing=growing, unit=False),
               help=f"{totals['running_jobs']} running job(s) counted with their energy so far: still growing."
               if growing else None)
-row[3].metric("Mean GPU utilisation", "n/a" if totals["mean_util"] is None else f"{totals['mean_util']:.0f} %")
+row[3].metric("Mean GPU utilisation", display_text.percent(totals["mean_util"]))
 # Where most allocated GPU-hours are wasted: jobs Slurm killed at their time limit, and cancelled jobs.
 ended = st.columns(4)
-ended[0].metric("GPU-hours ended by time limit", f"{totals['timeout_gpu_hours']:.1f}",
+ended[0].metric("GPU-hours ended by time limit", display_text.gpu_hours(totals["timeout_gpu_hours"]),
                 help="GPU-hours of jobs that Slurm ended at their time limit (state TIMEOUT)")
-ended[1].metric("GPU-hours of cancelled jobs", f"{totals['cancelled_gpu_hours']:.1f}",
+ended[1].metric("GPU-hours of cancelled jobs", display_text.gpu_hours(totals["cancelled_gpu_hours"]),
                 help="GPU-hours of jobs cancelled with scancel (state CANCELLED)")
 whole, co2e = totals.get("total_energy_kwh"), totals.get("co2e_kg")
-ended[2].metric("Energy, whole jobs (kWh)", "-" if whole is None else ("≥ " if growing else "") + f"{whole:.2f}",
+ended[2].metric("Energy, whole jobs (kWh)", display_text.energy(whole, growing=growing, unit=False),
                 help="the GPUs' and the jobs' share of their nodes' power beside the GPUs (RAPL, IPMI or Redfish)")
-ended[3].metric("Emissions (kg CO2e)", "-" if co2e is None else ("≥ " if growing else "") + f"{co2e:.2f}",
+ended[3].metric("Emissions (kg CO2e)", display_text.co2e(co2e, growing=growing, unit=False),
                 help="ended jobs: at the carbon intensity of the hours they ran, with the PUE; running jobs: "
                      "their energy so far at the site's yearly figure")
 st.caption("GPU-hours count each job's allocated GPUs over the part of its run inside the period. Energy comes "
@@ -71,13 +81,23 @@ st.caption("GPU-hours count each job's allocated GPUs over the part of its run i
            "counts running jobs (column *running*) is marked “≥ still growing”.")
 
 period = f"{first_day:%Y%m%d}-{last_day:%Y%m%d}"
+days = (last_day - first_day).days + 1
+days_text = f"the {days} day(s) from {first_day:%Y-%m-%d} to {last_day:%Y-%m-%d} (UTC)"
+if not totals["jobs"]:
+    st.info(f"No job ran in {days_text}. Widen the period with *From* above, or open {_widen()}.")
 
 
-def _table(frame: pd.DataFrame, name: str, *, job_links: bool = False) -> None:
+def _table(frame: pd.DataFrame, name: str, *, job_links: bool = False, empty: str = "") -> None:
     if frame.empty:
-        st.info("Nothing in this period.")
+        st.info(empty or f"Nothing in {days_text}. Widen the period with *From* above, or open {_widen()}.")
         return
     shown = frame.copy()
+    if "state" in shown:
+        shown["state"] = [display_text.state(s) for s in shown["state"]]
+    # A job whose prolog never named its user, account or partition: "unknown", never a "None" row.
+    for column in ("user_name", "user", "account", "partition"):
+        if column in shown:
+            shown[column] = [display_text.group_name(v) for v in shown[column]]
     config = {"gpu_hours": st.column_config.NumberColumn("GPU-hours", format="%.2f"),
               "mean_util": st.column_config.NumberColumn("mean util %", format="%.0f"),
               "energy_kwh": st.column_config.NumberColumn("GPU kWh", format="%.3f"),
@@ -93,14 +113,19 @@ def _table(frame: pd.DataFrame, name: str, *, job_links: bool = False) -> None:
               "cancelled_gpu_hours": st.column_config.NumberColumn(
                   "GPU-hours CANCELLED", format="%.2f", help="of jobs cancelled with scancel"),
               "end_reason": st.column_config.TextColumn(
-                  "ended by jobsight", help="the waste policy's reason, when jobsight cancelled the job")}
+                  "ended by jobsight", help="the waste policy's reason, when jobsight cancelled the job"),
+              "day": st.column_config.DatetimeColumn("day (UTC)", format="YYYY-MM-DD", timezone="UTC"),
+              "start_time": st.column_config.DatetimeColumn("started (UTC)", format="YYYY-MM-DD HH:mm",
+                                                            timezone="UTC"),
+              "end_time": st.column_config.DatetimeColumn("ended (UTC)", format="YYYY-MM-DD HH:mm",
+                                                          timezone="UTC")}
     if "running_jobs" in shown:
         shown.insert(shown.columns.get_loc("energy_kwh") + 1, "energy note",
                      ["≥ still growing" if n else "" for n in shown["running_jobs"]])
     if job_links:
         shown.insert(0, "open", [links.job_link(c, j) for c, j in zip(shown["cluster"], shown["job_id"], strict=True)])
         config["open"] = st.column_config.LinkColumn("open", display_text="open")
-    st.dataframe(shown, hide_index=True, width="stretch", column_config=config)
+    tables.show(shown, column_config=config)
     st.download_button(f"CSV: {name}", frame.to_csv(index=False).encode(), file_name=f"jobsight-{name}-{period}.csv",
                        mime="text/csv", key=f"csv_{name}")
 
@@ -115,14 +140,18 @@ for tab, (group, label) in zip(st.tabs(["By user", "By account", "By partition"]
 st.subheader("Idle and low-utilisation allocations")
 idle_tab, low_tab = st.tabs([f"Idle (< {idle:.0f} %)", f"Low (< {low:.0f} %)"])
 with idle_tab:
-    _table(report["idle"], "idle", job_links=True)
+    _table(report["idle"], "idle", job_links=True,
+           empty=f"No ended job's GPUs idled (mean under {idle:.0f} %) in {days_text}. Waste of older jobs is outside "
+                 f"it: widen the period with *From* above, or open {_widen()}.")
 with low_tab:
-    _table(report["low"], "low-utilisation", job_links=True)
+    _table(report["low"], "low-utilisation", job_links=True,
+           empty=f"No ended job ran under {low:.0f} % GPU utilisation in {days_text}. Waste of older jobs is "
+                 f"outside it: widen the period with *From* above, or open {_widen()}.")
 
 st.subheader("Trend")
 trend = report["trend"]
 if trend.empty or not trend["gpu_hours"].any():
-    st.info("No GPU-hours in this period.")
+    st.info(f"No GPU-hours in {days_text}. Widen the period with *From* above, or open {_widen()}.")
 else:
     st.altair_chart(charts.trend_chart(trend), width="stretch")
 _table(trend, "daily-trend")

@@ -14,13 +14,13 @@ import pandas as pd
 import streamlit as st
 
 from jobsight.collector.query.profiles import TooManyOpenRequests
-from jobsight.dashboard import charts, data, job_facts
+from jobsight.dashboard import charts, data, tables, time_window, url_state
 from jobsight.dashboard.identity import viewer_or_stop
 from jobsight.dashboard.markup import plain, plain_join
 from jobsight.dashboard.settings import dashboard_settings
 from jobsight.dashboard.views import job_actions, job_epochs, job_health
 from jobsight.protocol import diagnosis
-from jobsight.rules import job_states, links
+from jobsight.rules import display_text, links
 
 settings = dashboard_settings()
 viewer = viewer_or_stop(settings)
@@ -34,7 +34,7 @@ if not job_id:
     if recent.empty:
         st.info("No jobs to show yet.")
         st.stop()
-    labels = {f"{r.job_id} · {r.name or ''} · {job_states.slurm_name(str(r.state))}": (r.cluster, r.job_id)
+    labels = {f"{r.job_id} · {display_text.text(r.name)} · {display_text.state(str(r.state))}": (r.cluster, r.job_id)
               for r in recent.itertuples()}
     choice = st.selectbox("Open a job", list(labels), index=None, placeholder="choose a job")
     if choice is None:
@@ -61,14 +61,31 @@ def _domain(job: dict[str, Any]) -> charts.Domain:
 
 
 def _elapsed(domain: charts.Domain) -> str:
-    seconds = int((domain[1] - domain[0]).total_seconds())
-    return f"{seconds // 3600}h {seconds % 3600 // 60:02d}m {seconds % 60:02d}s"
+    return display_text.duration((domain[1] - domain[0]).total_seconds())
 
 
 def _state(job: dict[str, Any]) -> str:
     """As Slurm names it (TIMEOUT, OUT_OF_MEMORY), with the exit code or signal when not 0."""
-    return (job_states.describe(job["state"], job.get("exit_code")) if job.get("exit_code")
-            else job_states.slurm_name(job["state"]))
+    return display_text.state(job["state"], job.get("exit_code"))
+
+
+def _gpu_hours(job: dict[str, Any], domain: charts.Domain, gpus: int) -> str:
+    """The summary's GPU-hours (the report's figure); before there is one, the allocated GPUs over the
+    run so far (the audit's rule), marked as still growing while the job runs."""
+    if job.get("gpu_hours") is not None:
+        return display_text.gpu_hours(job["gpu_hours"])
+    if not gpus:
+        return display_text.MISSING
+    hours = gpus * (domain[1] - domain[0]).total_seconds() / 3600
+    return display_text.gpu_hours(hours, growing=job["state"] == "running")
+
+
+def _advice(job: dict[str, Any]) -> None:
+    """Each efficiency flag of the job's summary as what to do about it, the report's words."""
+    thresholds = (job.get("summary") or {}).get("thresholds") if isinstance(job.get("summary"), dict) else None
+    for flag in job.get("flags") or []:
+        st.warning(f"**{display_text.flag_label(flag).capitalize()}.** "
+                   + plain(display_text.flag_advice(flag, thresholds)), icon=":material/lightbulb:")
 
 
 @st.fragment(run_every=every)
@@ -82,29 +99,31 @@ def header() -> None:
         st.info(f"Demo data: this job was made by `jobsight up --demo` (cluster {cluster_name}); "
                 "its GPUs are simulated or it is a small CPU training run, not a real cluster's job.", icon="🧪")
     gpus = job.get("gpus") or []
-    cells = st.columns(6)
-    cells[0].metric("User", plain(job_facts.user(job)))
-    cells[1].metric("Partition", plain(job_facts.partition(job)))
-    cells[2].metric("Nodes", job.get("node_count") or len(job.get("nodes") or []) or "unknown")
-    cells[3].metric("GPUs", len(gpus) or job.get("gpu_count") or "unknown")
-    cells[4].metric("Elapsed", _elapsed(domain))
+    cells = st.columns(7)
+    cells[0].metric("User", plain(display_text.user(job)))
+    cells[1].metric("Partition", plain(display_text.partition(job)))
+    cells[2].metric("Nodes", job.get("node_count") or len(job.get("nodes") or []) or display_text.UNKNOWN)
+    cells[3].metric("GPUs", len(gpus) or job.get("gpu_count") or display_text.UNKNOWN)
+    cells[4].metric("Elapsed", _elapsed(domain), help="days-hours:minutes:seconds, as sacct prints it")
+    cells[5].metric("GPU-hours", _gpu_hours(job, domain, len(gpus) or int(job.get("gpu_count") or 0)),
+                    help="allocated GPUs × time; ≥: still growing")
     state = _state(job)
-    cells[5].metric("State", state)
+    cells[6].metric("State", state)
     if job.get("end_reason"):
         # jobsight ended the job (a waste policy): its reason beside Slurm's end state, which only says CANCELLED.
         st.info(f"{plain(state)} — {plain(job['end_reason'])}", icon=":material/block:")
     if job.get("nodes"):
         st.caption("Nodes: " + plain_join(job["nodes"]))
-    if job.get("flags"):
-        st.warning("Flags: " + ", ".join(job["flags"]))
+    _advice(job)
 
 
 @st.fragment(run_every=every)
-def gpus() -> None:
+def gpus(span: dt.timedelta | None) -> None:
+    """The GPUs over the chosen window (``span``: its last minutes or hours, ``None``: the whole run)."""
     st.subheader("GPUs")
     job = data.open_job(viewer, ref.cluster, ref.job_id).job or first
-    domain = _domain(job)
-    series = data.gpu_series(ref, settings.heatmap_cells, settings.chart_points)
+    domain = time_window.clip(_domain(job), span)
+    series = data.gpu_series(ref, settings.heatmap_cells, settings.chart_points, span)
     if series.empty:
         st.info("No GPU samples for this job: no node daemon or in-process sampler has reported yet.")
         return
@@ -123,17 +142,18 @@ def gpus() -> None:
         with tab:
             for node in shown:
                 st.altair_chart(charts.gpu_lines(frame, metric, node, domain, overlay, settings.line_points),
-                                width="stretch")
+                                width="stretch", height=charts.gpu_lines_px(frame, node, overlay))
 
 
 @st.fragment(run_every=every)
-def training() -> None:
+def training(span: dt.timedelta | None) -> None:
+    """Steps, throughput and training metrics over the chosen window (as :func:`gpus`)."""
     job = data.open_job(viewer, ref.cluster, ref.job_id).job or first
-    domain = _domain(job)
+    domain = time_window.clip(_domain(job), span)
     marks = data.markers(ref)
     overlay = charts.marker_layer(marks, domain)
     st.subheader("Steps")
-    steps = data.step_series(ref, settings.heatmap_cells, settings.chart_points)
+    steps = data.step_series(ref, settings.heatmap_cells, settings.chart_points, span)
     if steps.empty:
         st.info("No step timings: the training script has no jobsight callback, or has not finished a step.")
     else:
@@ -143,18 +163,21 @@ def training() -> None:
             ratio = diagnosis.DEFAULT_THRESHOLDS.straggler_ratio
             quantity = ("own work per step (data wait + forward; the other ranks wait for it in the all-reduce)"
                         if view.own_work else "mean step time")
-            st.warning(f"Straggler rank(s): {', '.join(map(str, stragglers))} — {quantity} at least "
+            st.warning(f"Straggler rank(s): {', '.join(map(display_text.rank, stragglers))} — {quantity} at least "
                        f"{ratio:.2f}× the median rank's.")
-        st.altair_chart(charts.step_chart(view, domain, overlay), width="stretch")
+        st.altair_chart(charts.step_chart(view, domain, overlay), width="stretch",
+                        height=charts.step_chart_px(view, overlay))
+        if (own := charts.own_work_chart(view, domain, overlay)) is not None:
+            st.altair_chart(own, width="stretch", height=charts.step_chart_px(view, overlay))
         if view.band is not None:
-            alone = ", ".join(f"{r}" + (" (straggler)" if r in stragglers else "") for r in view.outliers)
+            alone = ", ".join(display_text.rank(r) + (" (straggler)" if r in stragglers else "") for r in view.outliers)
             st.caption(f"{view.ranks} ranks: the band is their 10th–90th percentile step time in each bucket, the "
                        f"dark line their median. Drawn alone: {alone or 'none, every rank stays near the band'}"
                        + (f"; {view.hidden} more rank(s) outside the band not drawn." if view.hidden else "."))
         if steps["samples"].notna().any():
-            st.altair_chart(charts.throughput_chart(steps, domain), width="stretch")
+            st.altair_chart(charts.throughput_chart(steps, domain), width="stretch", height=charts.throughput_px())
     st.subheader("Training metrics")
-    metrics = data.metric_series(ref, settings.line_points, settings.chart_points)
+    metrics = data.metric_series(ref, settings.line_points, settings.chart_points, span)
     if metrics.empty:
         st.info("No training metrics recorded for this job.")
         return
@@ -162,10 +185,15 @@ def training() -> None:
     columns = st.columns(min(3, len(names)))
     for index, name in enumerate(names):
         with columns[index % len(columns)]:
-            st.altair_chart(charts.metric_chart(metrics, name, domain, settings.line_points), width="stretch")
+            st.altair_chart(charts.metric_chart(metrics, name, domain, settings.line_points), width="stretch",
+                            height=charts.metric_chart_px(metrics, name))
     if not marks.empty:
         with st.expander(f"Timeline markers ({len(marks)})"):
-            st.dataframe(marks, hide_index=True, width="stretch")
+            tables.show(marks, column_config=_TIMES)
+
+
+_TIMES = {name: st.column_config.DatetimeColumn(f"{name} (UTC)", format="YYYY-MM-DD HH:mm:ss", timezone="UTC")
+          for name in ("start", "end")}
 
 
 def _int_or_none(text: str) -> int | None:
@@ -185,8 +213,10 @@ def log_table() -> None:
         st.info("No log lines match." if any((rank, pid, tid, text)) or level != "DEBUG" else
                 "No log lines: the training script has no jobsight log handler.")
         return
-    st.dataframe(lines[["ts", "node", "rank", "pid", "tid", "thread", "level", "logger", "message", "exception"]],
-                 hide_index=True, width="stretch", height=320)
+    shown = lines[["ts", "node", "rank", "pid", "tid", "thread", "level", "logger", "message", "exception"]]
+    tables.show(shown.assign(rank=[display_text.rank(r) for r in shown["rank"]]), height=320,
+                column_config={"ts": st.column_config.DatetimeColumn("time (UTC)", format="YYYY-MM-DD HH:mm:ss.SSS",
+                                                                     timezone="UTC")})
 
 
 # The breakdown's ``<part>_us`` fields and their labels (a comment, not a docstring: Streamlit's magic
@@ -207,7 +237,7 @@ def _breakdown(rows: list[dict[str, Any]]) -> pd.DataFrame:
             if isinstance(value, int | float):
                 if part == "idle" and times.get("basis") == "host":
                     label = BREAKDOWN_PARTS["host_other"]
-                long.append({"rank": "?" if r["rank"] is None else r["rank"], "category": label,
+                long.append({"rank": display_text.rank(r["rank"]), "category": label,
                              "seconds": float(value) / 1e6})
     return pd.DataFrame(long)
 
@@ -218,6 +248,19 @@ def _hint(item: Any) -> str:
     return str(item)
 
 
+def _ops(rows: list[dict[str, Any]]) -> pd.DataFrame:
+    """A top-ops table as a reader sees it: memory as sizes (an op's negative self memory is what it
+    freed, never a negative size) and input shapes as text."""
+    frame = pd.DataFrame(rows)
+    for column in ("cpu_memory_bytes", "device_memory_bytes"):
+        if column in frame:
+            frame[column] = [display_text.memory(v) for v in frame[column]]
+    if "input_shapes" in frame:
+        frame["input_shapes"] = ["; ".join(map(str, v)) if isinstance(v, list) else display_text.text(v)
+                                 for v in frame["input_shapes"]]
+    return frame
+
+
 def profiles() -> None:
     st.subheader("Profiles")
     rows = data.profiles(ref)
@@ -225,11 +268,11 @@ def profiles() -> None:
         st.info("No profiles for this job yet." + (" Ask for one below." if running else ""))
     else:
         listing = pd.DataFrame([{
-            "profile": r["profile_id"], "recorded": r["ts"], "node": r["node"], "rank": r["rank"],
+            "profile": r["profile_id"], "recorded": r["ts"], "node": r["node"], "rank": display_text.rank(r["rank"]),
             "steps": f"{r['step_start']}–{r['step_end']}" if r["step_start"] is not None else "",
             "hints": len(r["diagnosis"] or []) if isinstance(r["diagnosis"], list) else int(bool(r["diagnosis"])),
             "trace KiB": round((r["trace_bytes"] or 0) / 1024, 1)} for r in rows])
-        st.dataframe(listing, hide_index=True, width="stretch")
+        tables.show(listing, column_config={"recorded": _TIMES["start"]})
         chosen = st.selectbox("Profile", list(dict.fromkeys(r["profile_id"] for r in rows)), key="profile_id")
         group = [r for r in rows if r["profile_id"] == chosen]
         hints = [_hint(item) for r in group for item in
@@ -238,8 +281,8 @@ def profiles() -> None:
             st.warning(plain(hint), icon=":material/lightbulb:")
         breakdown = _breakdown(group)
         if not breakdown.empty:
-            st.altair_chart(charts.breakdown_chart(breakdown), width="stretch")
-        by_rank = {f"rank {r['rank']} · {r['node'] or ''}": r for r in group}
+            st.altair_chart(charts.breakdown_chart(breakdown), width="stretch", height=charts.breakdown_px(breakdown))
+        by_rank = {f"{display_text.rank_label(r['rank'])} · {display_text.text(r['node'])}": r for r in group}
         picked = by_rank[st.selectbox("Rank", list(by_rank), key="profile_rank")]
         summary = picked["summary"] or {}
         shown = False
@@ -247,15 +290,16 @@ def profiles() -> None:
                            ("ops_by_self_cpu", "Top ops by self CPU time")):
             if summary.get(key):
                 st.caption(title)
-                st.dataframe(pd.DataFrame(summary[key]), hide_index=True, width="stretch")
+                tables.show(_ops(summary[key]))
                 shown = True
         if not shown:
             st.caption("This profile has no top-ops table.")
         if picked["trace_bytes"]:
             trace = data.profile_trace(ref, int(picked["id"]))
             if trace:
+                rank = display_text.rank(picked["rank"]).replace(" ", "-")
                 st.download_button("Download trace (Chrome/Perfetto JSON, gzip)", trace, mime="application/gzip",
-                                   file_name=f"{ref.job_id}-{chosen}-rank{picked['rank']}.pt.trace.json.gz")
+                                   file_name=f"{ref.job_id}-{chosen}-rank{rank}.pt.trace.json.gz")
     if running:
         with st.form("profile_request"):
             st.markdown("**Profile the next N steps**")
@@ -273,14 +317,20 @@ def profiles() -> None:
     requests = data.profile_requests(ref)
     if not requests.empty:
         st.caption("Profile requests")
-        st.dataframe(requests, hide_index=True, width="stretch")
+        tables.show(requests)
 
 
 header()
 job_health.show(ref, first, running, every)
 job_actions.show(ref, every)
-gpus()
-training()
+window = time_window.param(running)
+url_state.restore([window])
+st.radio("Time window", list(time_window.SPANS), key=time_window.KEY, horizontal=True,
+         help="The recent window is drawn at the sampling's own resolution; longer ones from the per-minute "
+              "and per-hour rollups.")
+url_state.store([window])
+gpus(time_window.span(st.session_state.get(time_window.KEY)))
+training(time_window.span(st.session_state.get(time_window.KEY)))
 job_epochs.show(ref, running, every)
 log_table()
 profiles()

@@ -14,8 +14,8 @@ import altair as alt
 import pandas as pd
 import streamlit as st
 
-from jobsight.dashboard import charts, data
-from jobsight.rules import energy_text
+from jobsight.dashboard import charts, data, tables
+from jobsight.rules import display_text, energy_text
 
 GROWING = "≥ still growing"
 """The mark of a figure of a running job that will still grow."""
@@ -94,7 +94,8 @@ def _outside(answer: dict[str, Any]) -> str:
                       ("after_last_step", "after the last step")):
         span = answer[key]
         if span is not None and span["energy_kwh"] is not None:
-            parts.append(f"{what}: {span['energy_kwh']:.4f} kWh over {span['duration_s']:.0f} s"
+            parts.append(f"{what}: {display_text.energy(span['energy_kwh'])} over "
+                         f"{display_text.duration(span['duration_s'])}"
                          + (f" ({GROWING})" if span["growing"] else ""))
     return ("Also " + "; ".join(parts) + ". With the epochs they add up to the job's energy.") if parts else ""
 
@@ -103,13 +104,13 @@ def _whole(ref: data.JobRef, running: bool) -> float | None:
     """The whole job's energy and emissions; returns its kg CO2e per kWh (``None``: not configured)."""
     energy = data.energy(ref)
     emissions = energy["emissions"] or {}
-    mark = "≥ " if running else ""
     cells = st.columns(4)
     for cell, (label, value, unit) in zip(cells, (
             ("Energy, whole job", energy["total_kwh"], "kWh"), ("GPUs", energy["gpu_kwh"], "kWh"),
             ("Rest of the nodes", energy["node_kwh"], "kWh"), ("Emissions", emissions.get("co2e_kg"), "kg CO2e")),
             strict=True):
-        cell.metric(f"{label} ({unit})", "-" if value is None else f"{mark}{value:.4f}",
+        # The report's figures (jobsight/rules/display_text.py): five significant digits, ≥ while running.
+        cell.metric(f"{label} ({unit})", display_text.energy(value, growing=running, unit=False),
                     help="The job is running: this is still growing." if running and value is not None else None)
     st.caption(f"Rest of the nodes: {energy_text.node_method(energy['node'])}. "
                f"Emissions: {energy_text.emissions_method(energy['emissions'])}.")
@@ -125,21 +126,20 @@ def _section(ref: data.JobRef, running: bool) -> None:
     if answer["energy_kwh"] is None:
         st.info("No GPU energy for this job yet: no GPU sample with an energy counter or a power reading.")
         return
-    cells = st.columns(3)
-    cells[0].metric("Energy so far (kWh)" if running else "Energy (kWh)",
-                    ("≥ " if running else "") + f"{answer['energy_kwh']:.4f}",
-                    help="The job is running: this is still growing." if running else None)
-    cells[1].metric("Method", answer["method"])
-    cells[2].metric("Epochs", len(answer["epochs"]))
+    # The GPUs' energy is said once, above ("GPUs"): the epochs' own sum, read another way, would
+    # differ in its last digit and show two figures for one thing.
+    cells = st.columns(2)
+    cells[0].metric("Method", answer["method"])
+    cells[1].metric("Epochs", len(answer["epochs"]))
     st.caption(_method_note(answer))
     if not answer["epochs"]:
         st.info("No epochs: the job's training steps carry no epoch (or it has no jobsight callback).")
         return
     frame = _frame(answer["epochs"])
-    st.dataframe(_table(frame, kg_per_kwh), hide_index=True, width="stretch", column_config=_COLUMNS)
+    tables.show(_table(frame, kg_per_kwh), column_config=_COLUMNS)
     st.caption(" ".join(filter(None, [
         "An epoch runs from its first step to the next epoch's; the last one to the last step.",
         _outside(answer),
         f"Figures marked “{GROWING}” belong to a running job." if running else "",
     ])))
-    st.altair_chart(epoch_chart(frame), width="stretch")
+    st.altair_chart(epoch_chart(frame), width="stretch", height=charts.element_px(180, [charts.legend_px(2)]))

@@ -22,10 +22,10 @@ import pandas as pd
 import streamlit as st
 
 from jobsight.collector.query.grids import points_per_series
-from jobsight.dashboard import charts, data
+from jobsight.dashboard import charts, data, tables
 from jobsight.dashboard.markup import plain
 from jobsight.dashboard.settings import dashboard_settings
-from jobsight.rules import links
+from jobsight.rules import display_text, links
 from jobsight.rules.rule_names import HUNG_RANK, IDLE_ALLOCATION, LOW_UTILISATION, MEMORY_UNUSED, STRAGGLER
 
 JOB_PAGE: Final = "views/job.py"
@@ -107,7 +107,7 @@ def _value_text(key: str, value: Any) -> str:
         return f"{value:g}"
     if isinstance(value, list | tuple):
         return ", ".join(map(str, value))
-    return "—" if value is None else str(value)
+    return display_text.text(value)
 
 
 def _flatten(evidence: Mapping[str, Any], prefix: str = "") -> Iterator[tuple[str, str]]:
@@ -141,7 +141,7 @@ def _finding(ref: data.JobRef, finding: Mapping[str, Any]) -> None:
     left.page_link(JOB_PAGE, label=f"Show {moment:%H:%M:%S} UTC in the timeline", icon=":material/timeline:",
                    query_params=links.job_query(ref.cluster, ref.job_id, moment))
     with right.expander("Evidence"):
-        st.dataframe(evidence_table(finding["evidence"]), hide_index=True, width="stretch")
+        tables.show(evidence_table(finding["evidence"]))
 
 
 _TIME = st.column_config.DatetimeColumn(format="YYYY-MM-DD HH:mm:ss", timezone="UTC")
@@ -149,11 +149,11 @@ _TIME = st.column_config.DatetimeColumn(format="YYYY-MM-DD HH:mm:ss", timezone="
 
 def _history(resolved: list[dict[str, Any]]) -> None:
     with st.expander(f"History: {len(resolved)} resolved finding(s)", expanded=False):
-        st.dataframe(pd.DataFrame({
+        tables.show(pd.DataFrame({
             "health": [mark(f) for f in resolved], "subject": [f["subject"] or "job" for f in resolved],
             "title": [f["title"] for f in resolved], "opened (UTC)": [f["opened_at"] for f in resolved],
             "resolved (UTC)": [f["resolved_at"] for f in resolved], "message": [f["message"] for f in resolved],
-        }), hide_index=True, width="stretch", column_config={"opened (UTC)": _TIME, "resolved (UTC)": _TIME})
+        }), column_config={"opened (UTC)": _TIME, "resolved (UTC)": _TIME})
 
 
 def _banner(ref: data.JobRef) -> None:
@@ -200,7 +200,8 @@ def _moment(ref: data.JobRef, job: Mapping[str, Any], moment: dt.datetime, text:
                         height=charts.heatmap_height(frame))
     if not steps.empty:
         view = data.step_view(steps, settings.line_points)
-        st.altair_chart(charts.step_chart(view, domain, alt.LayerChart(layer=[rule])), width="stretch")
+        st.altair_chart(charts.step_chart(view, domain, alt.LayerChart(layer=[rule])), width="stretch",
+                        height=charts.step_chart_px(view, None))
     if gpus.empty and steps.empty:
         st.info("No GPU samples or steps of this job around this moment.")
     st.page_link(JOB_PAGE, label="Hide this window", icon=":material/close:",

@@ -7,13 +7,13 @@ import datetime as dt
 import pandas as pd
 import streamlit as st
 
-from jobsight.dashboard import data, job_groups, url_state
+from jobsight.dashboard import data, job_groups, tables, url_state
 from jobsight.dashboard.identity import viewer_or_stop
 from jobsight.dashboard.markup import plain
 from jobsight.dashboard.settings import dashboard_settings
 from jobsight.dashboard.url_state import Param
 from jobsight.dashboard.views.job_health import health_cell
-from jobsight.rules import job_states, links
+from jobsight.rules import display_text, job_states, links
 
 settings = dashboard_settings()
 viewer = viewer_or_stop(settings)
@@ -66,29 +66,35 @@ if frame.empty:
 frame = frame.iloc[job_groups.grouped_order(list(frame["job_id"]), list(frame["cluster"]))].reset_index(drop=True)
 now = pd.Timestamp.now(tz="UTC")
 health = data.open_findings_by_job(viewer, frame)  # one query for the rows shown
+rows = frame.to_dict("records")
 table = pd.DataFrame({
     "open": [links.job_link(c, j) for c, j in zip(frame["cluster"], frame["job_id"], strict=True)],
     "job": frame["job_id"],
     "array": job_groups.array_cells(list(frame["job_id"]), list(frame["cluster"])),
-    "user": frame["user_name"],
+    # The words of the job's page and of the report (jobsight/rules/display_text.py): a run outside
+    # Slurm is its process's owner, a state Slurm's name (its exit code is on the job's page).
+    "user": [display_text.user(r) for r in rows],
     "name": frame["name"],
-    "partition": frame["partition"],
-    "state": [job_states.slurm_name(s) for s in frame["state"]],  # as Slurm names it: TIMEOUT, OUT_OF_MEMORY
+    "partition": [display_text.partition(r) for r in rows],
+    "state": [display_text.state(r["state"]) for r in rows],
     "health": [health_cell(health.get((c, j), [])) for c, j in zip(frame["cluster"], frame["job_id"], strict=True)],
     "GPUs": [int(n) if pd.notna(n) else (len(g) if isinstance(g, list) else None)
              for n, g in zip(frame["gpu_count"], frame["gpus"], strict=True)],
     "mean util %": frame["mean_util"],
-    "energy kWh": frame["energy_kwh"],
-    "flags": [", ".join(f) if isinstance(f, list) else "" for f in frame["flags"]],
+    # A running job's energy so far, marked as still growing, exactly as its page prints it.
+    "energy": [display_text.energy(r["energy_kwh"], growing=r.get("energy_growing") is True or
+                                   bool(pd.notna(r.get("energy_growing")) and r.get("energy_growing")))
+               for r in rows],
+    "flags": [", ".join(map(display_text.flag_label, f)) if isinstance(f, list) else "" for f in frame["flags"]],
     "started": frame["start_time"],
-    "elapsed h": [((e if pd.notna(e) else now) - s).total_seconds() / 3600 if pd.notna(s) else None
-                  for s, e in zip(pd.to_datetime(frame["start_time"], utc=True),
-                                  pd.to_datetime(frame["end_time"], utc=True), strict=True)],
+    "elapsed": [display_text.duration(((e if pd.notna(e) else now) - s).total_seconds()) if pd.notna(s) else None
+                for s, e in zip(pd.to_datetime(frame["start_time"], utc=True),
+                                pd.to_datetime(frame["end_time"], utc=True), strict=True)],
 })
 st.caption(f"{total} job(s); showing {len(table)}. Running jobs first. Mean utilisation is the whole run "
-           "for ended jobs and the last hour for running ones.")
-st.dataframe(
-    table, hide_index=True, width="stretch",
+           "for ended jobs and the last hour for running ones; a running job's energy is so far (≥).")
+tables.show(
+    table,
     column_config={
         "open": st.column_config.LinkColumn("open", display_text="open"),
         "array": st.column_config.TextColumn(help="a job array's tasks (job ids <array>_<task>), listed together"),
@@ -96,7 +102,10 @@ st.dataframe(
             help="open findings: ● critical, ▲ warning, ○ info (details on the job page); ok: none open"),
         "mean util %": st.column_config.NumberColumn(
             format="%.0f", help="ended jobs: the whole run; running jobs: the last hour"),
-        "energy kWh": st.column_config.NumberColumn(format="%.2f"),
-        "elapsed h": st.column_config.NumberColumn(format="%.2f"),
+        "energy": st.column_config.TextColumn(
+            help="the GPUs' energy; ≥: a running job's so far; ≈: integrated from power, no energy counter"),
+        "flags": st.column_config.TextColumn(help="efficiency flags of the job's summary; its page says what to do"),
+        "started": st.column_config.DatetimeColumn("started (UTC)", format="YYYY-MM-DD HH:mm", timezone="UTC"),
+        "elapsed": st.column_config.TextColumn(help="days-hours:minutes:seconds, as sacct prints it"),
     },
 )

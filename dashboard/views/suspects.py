@@ -17,7 +17,7 @@ from typing import Any
 import pandas as pd
 import streamlit as st
 
-from jobsight.dashboard import data, url_state
+from jobsight.dashboard import data, tables, url_state
 from jobsight.dashboard.identity import viewer_or_stop
 from jobsight.dashboard.markup import plain
 from jobsight.dashboard.settings import dashboard_settings
@@ -92,13 +92,13 @@ def _gpu(gpu: Mapping[str, Any]) -> None:
         if not gpu["plain_node"]:
             st.warning(f"No drain line: the node's name {plain(gpu['node'] or 'unknown')} is not a plain host name, "
                        "so jobsight puts it in no command.")
-        st.dataframe(_jobs(gpu), hide_index=True, width="stretch", column_config={
+        tables.show(_jobs(gpu), column_config={
             "open": st.column_config.LinkColumn("open", display_text="open")})
 
 
 st.caption(f"{len(gpus)} GPU(s) hurt jobs in the last {days} day(s), most jobs first. “open” opens a job's page, "
            "where its Xids are marked on the timeline.")
-st.dataframe(_table(gpus), hide_index=True, width="stretch", column_config={
+tables.show(_table(gpus), column_config={
     "job ids": st.column_config.ListColumn("job ids"),
     "last seen": st.column_config.DatetimeColumn("last seen (UTC)", format="YYYY-MM-DD HH:mm", timezone="UTC"),
     "self-reported": st.column_config.CheckboxColumn(

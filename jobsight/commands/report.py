@@ -34,6 +34,10 @@ from jobsight.rules.report_text import format_report
 TIMEOUT_S: Final = 10.0
 
 
+class NotFound(CliError):
+    """The collector answered 404: no such job in the cluster asked."""
+
+
 def configure_parser(name: str, parser: argparse.ArgumentParser) -> None:
     parser.add_argument("job", metavar="JOBID", help="Slurm job id (or local-... run id)")
     parser.add_argument("--cluster", help="cluster name (default: JOBSIGHT_CLUSTER, else the collector's own)")
@@ -52,7 +56,7 @@ def _get(client: CollectorClient, path: str, query: dict[str, str]) -> Any:
         said = detail.get("error") if isinstance(detail, dict) else detail
         message = None if said is None else terminal_safe(said)
         if answer.status == 404:
-            raise CliError(f"{message or 'not found'}", code=1)
+            raise NotFound(f"{message or 'not found'}", code=1)
         if answer.status in (401, 403):
             raise CliError(f"the collector refused the token (HTTP {answer.status}: {message})", code=2)
         raise CliError(f"the collector answered HTTP {answer.status}: {message}", code=1)
@@ -62,12 +66,40 @@ def _get(client: CollectorClient, path: str, query: dict[str, str]) -> Any:
     return parsed
 
 
+def clusters_holding(client: CollectorClient, job: str) -> list[str] | None:
+    """The clusters whose jobs include ``job`` (``GET /v1/jobs?job_id=``, which spans every cluster);
+    ``None`` when the collector would not say (a job token may list no jobs, an older collector has
+    no ``job_id`` filter and answers every job: both are told apart from an answer about ``job``)."""
+    answer = client.request("GET", "/v1/jobs", query={"job_id": job, "limit": "100"})
+    parsed = answer.json() if answer.status == 200 else None
+    rows = parsed.get("jobs") if isinstance(parsed, dict) else None
+    if not isinstance(rows, list) or any(not isinstance(r, dict) or r.get("job_id") != job for r in rows):
+        return None
+    return sorted({str(r.get("cluster")) for r in rows})
+
+
+def not_found_hint(job: str, asked: str | None, holding: list[str] | None) -> str:
+    """What to try when ``job`` is not in the cluster asked (``None``: the collector's own), given the
+    clusters that hold it (``None``: the collector would not say)."""
+    others = None if holding is None else [c for c in holding if c != asked]
+    if others is None:
+        return f"if it ran on another cluster, name that cluster: jobsight report {job} --cluster NAME"
+    if not others:
+        return "no cluster of this collector has a job with this id"
+    named = ", ".join(terminal_safe(c) for c in others)
+    return f"it is in cluster {named}: jobsight report {job} --cluster {terminal_safe(others[0])}"
+
+
 def fetch(settings: AgentSettings, job: str, cluster: str | None) -> tuple[dict[str, Any], dict[str, Any]]:
     query = {"cluster": cluster} if cluster else {}
     base = f"/v1/jobs/{quote(job, safe='')}"
     client = CollectorClient(settings, timeout_s=TIMEOUT_S)
     try:
-        summary = _get(client, base + "/summary", query)
+        try:
+            summary = _get(client, base + "/summary", query)
+        except NotFound as exc:
+            hint = not_found_hint(terminal_safe(job), cluster, clusters_holding(client, job))
+            raise NotFound(f"{exc}; {hint}", code=1) from None
         # The same findings the job page's banner and GET …/findings show.
         summary["findings"] = _get(client, base + "/findings", query).get("findings", [])
         return _get(client, base, query), summary

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any, Final
 
+from jobsight.rules import display_text
+
 POWER_SOURCES: Final = {
     "rapl": "RAPL (CPU packages and DRAM)",
     "ipmi": "IPMI DCMI (the whole node, less its GPUs)",
@@ -17,17 +19,16 @@ NO_NODE_SOURCE: Final = "GPUs only: no node power source on its nodes"
 
 
 def figure(value: float) -> str:
-    """Five significant digits (a small job's 0.023156 kWh as exactly as a large one's 12345 kWh),
-    never a power of ten."""
-    return f"{value:.1f}" if abs(value) >= 100_000 else f"{value:.5g}" if abs(value) >= 1e-4 else f"{value:.6f}"
+    """Five significant digits, trailing zeros kept (:func:`jobsight.rules.display_text.figure`)."""
+    return display_text.figure(value)
 
 
 def kwh(value: float | None) -> str:
-    return "-" if value is None else f"{figure(value)} kWh"
+    return display_text.energy(value)
 
 
 def co2e(value: float | None) -> str:
-    return "-" if value is None else f"{figure(value)} kg CO2e"
+    return display_text.co2e(value)
 
 
 def node_method(node: dict[str, Any] | None) -> str:
@@ -39,7 +40,7 @@ def node_method(node: dict[str, Any] | None) -> str:
     splits = [ENERGY_SPLITS.get(s, s) for s in node.get("splits") or []]
     samples, measured = node.get("samples") or 0, node.get("measured") or 0
     coverage = f"; {measured} of {samples} host samples measured" if samples and measured < samples else ""
-    return f"{', '.join(sources)}; split {', '.join(splits) or '-'}{coverage}"
+    return f"{', '.join(sources)}; split {', '.join(splits) or display_text.MISSING}{coverage}"
 
 
 def emissions_method(emissions: dict[str, Any] | None) -> str:

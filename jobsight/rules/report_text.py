@@ -15,44 +15,26 @@ import datetime as dt
 from typing import Any, Final
 
 from jobsight.protocol.terminal_text import terminal_safe_tree
-from jobsight.rules import energy_text, job_states, links
+from jobsight.rules import display_text, energy_text, links
 
 WIDTH: Final = 72
 BAR: Final = 40
 
 ENERGY_SOURCES: Final = {"counter": "energy counter", "power": "from power samples"}
-HINTS: Final = {
-    "idle_gpu": "At least one allocated GPU was idle (mean utilisation under {idle:.0f} %). "
-                "Request fewer GPUs (--gres=gpu:N) or make sure every rank uses its own GPU.",
-    "low_utilization": "Mean GPU utilisation was under {low:.0f} %. Look for an input-bound loop "
-                       "(data loading, CPU preprocessing) or too small a batch; a profile on the "
-                       "dashboard shows where the time goes.",
-    "memory_mostly_unused": "Peak GPU memory stayed under {mem:.0f} % of the total: a larger batch "
-                            "may run faster, or a smaller GPU type would do.",
-}
+HINTS: Final = display_text.FLAG_ADVICE
+"""Kept for callers of the old name: the advice lives in :mod:`jobsight.rules.display_text`."""
 
 
 def _duration(seconds: float | None) -> str:
-    if seconds is None:
-        return "-"
-    seconds = int(round(seconds))
-    days, rest = divmod(seconds, 86400)
-    text = f"{rest // 3600:02d}:{rest % 3600 // 60:02d}:{rest % 60:02d}"
-    return f"{days}-{text}" if days else text
+    return display_text.duration(seconds)
 
 
 def _bytes(value: float | None) -> str:
-    if value is None:
-        return "-"
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if abs(value) < 1024 or unit == "TB":
-            return f"{value:.0f}{unit}" if unit == "B" else f"{value:.1f}{unit}"
-        value /= 1024
-    return f"{value:.1f}TB"
+    return display_text.memory(value).replace(" ", "")
 
 
 def _pct(value: float | None) -> str:
-    return "-" if value is None else f"{value:.0f}%"
+    return display_text.MISSING if value is None else f"{value:.0f}%"
 
 
 def _bar(percent: float | None) -> str:
@@ -63,12 +45,8 @@ def _bar(percent: float | None) -> str:
 
 
 def _time(value: Any) -> str:
-    if not value:
-        return "-"
-    try:
-        return dt.datetime.fromisoformat(str(value)).astimezone().strftime("%a %b %d, %Y at %H:%M:%S")
-    except ValueError:
-        return str(value)
+    """The dashboard's clock (UTC), so a time in the report is the one a page shows."""
+    return display_text.moment(value)
 
 
 def _audit_days(job: dict[str, Any]) -> tuple[dt.date, dt.date] | None:
@@ -89,15 +67,26 @@ def _gpu_label(gpu: dict[str, Any]) -> str:
     return f"{gpu.get('node') or '?'} (GPU {gpu.get('gpu_index')}{mig})"
 
 
+def all_clear(findings: list[dict[str, Any]]) -> str:
+    """The line for a job with no efficiency flag: "no problems" only when no finding is open, else
+    what is still open, so the report never says all is well under an open finding."""
+    still_open = [f for f in findings if not f.get("resolved_at")]
+    if not still_open:
+        return "No efficiency problems found."
+    severities = ", ".join(dict.fromkeys(str(f.get("severity") or "open") for f in still_open))
+    return f"No efficiency flags, but {len(still_open)} finding(s) still open ({severities}): see Health above."
+
+
 def format_report(job: dict[str, Any], answer: dict[str, Any]) -> str:
     """The report text for a job row (``GET /v1/jobs/{job}``) and its summary answer, terminal-safe."""
     job, answer = terminal_safe_tree(job), terminal_safe_tree(answer)
     summary: dict[str, Any] = answer.get("summary") or {}
     gpus: list[dict[str, Any]] = summary.get("gpus") or []
-    state = job_states.describe(job.get("state"), job.get("exit_code"))
-    if not answer.get("final"):
+    state = display_text.state(job.get("state"), job.get("exit_code"))
+    final = bool(answer.get("final"))
+    if not final:
         state += "  [running: figures so far]"
-    user = job.get("user_name") or "-"
+    user = display_text.user(job)
     if job.get("uid") is not None:
         user += f" (uid {job['uid']})"
     nodes = job.get("nodes") or []
@@ -105,23 +94,23 @@ def format_report(job: dict[str, Any], answer: dict[str, Any]) -> str:
     for label, value in (
         ("Job ID", job.get("job_id")),
         ("Cluster", job.get("cluster")),
-        ("User/Account", f"{user}/{job.get('account') or '-'}"),
-        ("Job Name", job.get("name") or "-"),
+        ("User/Account", f"{user}/{display_text.account(job)}"),
+        ("Job Name", display_text.text(job.get("name"))),
         ("State", state),
         *([("Reason", job["end_reason"])] if job.get("end_reason") else []),
-        ("Nodes", f"{len(nodes) or job.get('node_count') or '-'}" + (f" ({', '.join(nodes)})" if nodes else "")),
-        ("GPUs", summary.get("gpu_count") if summary.get("gpu_count") is not None else "-"),
-        ("Partition", job.get("partition") or "-"),
+        ("Nodes", display_text.text(len(nodes) or job.get("node_count")) + (f" ({', '.join(nodes)})" if nodes else "")),
+        ("GPUs", display_text.text(summary.get("gpu_count"))),
+        ("Partition", display_text.partition(job)),
         ("Start Time", _time(job.get("start_time"))),
-        ("End Time", _time(job.get("end_time")) if job.get("end_time") else "-"),
+        ("End Time", _time(job.get("end_time"))),
         ("Run Time", _duration(summary.get("elapsed_s"))),
         ("Time Limit", _duration(job.get("time_limit_s"))),
-        ("GPU-hours", f"{summary['gpu_hours']:.3f}" if summary.get("gpu_hours") is not None else "-"),
+        ("GPU-hours", display_text.gpu_hours(summary.get("gpu_hours"), growing=not final)),
     ):
         lines.append(f"{label:>15}: {value}")
     energy = answer.get("energy")
     if energy is None:  # an older collector's answer: the GPUs' energy alone
-        lines.append(f"{'Energy':>15}: " + energy_text.kwh(summary.get("energy_kwh")))
+        lines.append(f"{'Energy':>15}: " + display_text.energy(summary.get("energy_kwh"), growing=not final))
     for label, value in energy_text.energy_rows(energy) if energy is not None else ():
         lines.append(f"{label:>15}: {value}")
 
@@ -147,12 +136,13 @@ def format_report(job: dict[str, Any], answer: dict[str, Any]) -> str:
             lines.append(f"      {_gpu_label(gpu)}: {used}/{total} ({percent})")
         lines.append("  GPU energy per node")
         for gpu in gpus:
-            energy = gpu.get("energy_kwh")
-            source = ENERGY_SOURCES.get(gpu.get("energy_source") or "", "")
-            lines.append(f"      {_gpu_label(gpu)}: " + (f"{energy:.4f} kWh ({source})" if energy is not None else "-"))
+            method = gpu.get("energy_source") or ""
+            source = ENERGY_SOURCES.get(method, "")
+            energy = display_text.energy(gpu.get("energy_kwh"), method=method, growing=not final)
+            lines.append(f"      {_gpu_label(gpu)}: {energy}" + (f" ({source})" if source and energy != "-" else ""))
     steps = summary.get("steps")
     if steps:
-        rate = f"{steps['steps_per_s']:.2f} steps/s" if steps.get("steps_per_s") else "- steps/s"
+        rate = f"{steps['steps_per_s']:.2f} steps/s" if steps.get("steps_per_s") else f"{display_text.MISSING} steps/s"
         first = steps.get("time_to_first_step_s")
         lines.append(f"  Training: {steps.get('count')} steps at {rate}"
                      + (f"; first step done {first:.1f} s after the job started" if first is not None else ""))
@@ -172,16 +162,13 @@ def format_report(job: dict[str, Any], answer: dict[str, Any]) -> str:
                 lines.append(f"      {links.job_link(cluster, job_id, moment, base=base)}")
 
     lines += _heading("Notes")
-    thresholds = summary.get("thresholds") or {}
-    values = {"idle": thresholds.get("idle_util", 5), "low": thresholds.get("low_util", 30),
-              "mem": thresholds.get("low_memory_share", 0.25) * 100}
     flags = summary.get("flags") or []
     for flag in flags:
         idle = [_gpu_label(g) for g in gpus if flag in (g.get("flags") or [])]
-        hint = HINTS.get(flag, flag).format(**values)
+        hint = display_text.flag_advice(flag, summary.get("thresholds"))
         lines.append(f"  * {flag}: {hint}" + (f" ({', '.join(idle)})" if flag == "idle_gpu" and idle else ""))
     if not flags and gpus:
-        lines.append("  * No efficiency problems found.")
+        lines.append("  * " + all_clear(findings))
     if answer.get("dashboard_url"):
         lines.append(f"  * Dashboard: {answer['dashboard_url']}")
     days = _audit_days(job)

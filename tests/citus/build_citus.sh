@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Build and install Citus into Debian's PostgreSQL 15 for the Citus tests (tests/citus/), unless
-# citus.so is already installed. Usage: build_citus.sh [path to citus-<version>.tar.gz]
+# citus.so is already installed. Usage: build_citus.sh [path to citus-<version>.tar.gz | --deps-only]
 # The tarball is Citus's source as tagged upstream (AGPL; it runs as a separate server and nothing
 # of it enters this repository). Needs root (apt-get, make install). About 8 minutes on 2 cores.
 set -euo pipefail
@@ -10,16 +10,12 @@ tarball="${1:-${CITUS_TARBALL:-}}"
 pg_config=/usr/lib/postgresql/15/bin/pg_config
 say() { echo "build_citus: $*"; }
 
-export DEBIAN_FRONTEND=noninteractive
-packages=(postgresql-15 postgresql-server-dev-15 libkrb5-dev liblz4-dev libzstd-dev)
-missing=()
-for p in "${packages[@]}"; do
-    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-done
-if [ "${#missing[@]}" -gt 0 ]; then
-    say "installing ${missing[*]}"
-    apt-get install -y -qq "${missing[@]}" >/dev/null
-fi
+# shellcheck source=../apt_missing.sh
+. "$(dirname "$0")/../apt_missing.sh"
+install_missing build_citus postgresql-15 postgresql-server-dev-15 libkrb5-dev liblz4-dev libzstd-dev \
+    build-essential
+# --deps-only: the packages above, no build (CI installs every package first, then builds in the background).
+[ "$tarball" = "--deps-only" ] && exit 0
 
 libdir="$("$pg_config" --pkglibdir)"
 if [ -f "$libdir/citus.so" ]; then

@@ -79,7 +79,7 @@ def test_summary_of_known_samples(client: Any, job_id: str) -> None:
     assert row["flags"] == ["idle_gpu", "low_utilization"] and row["mean_util"] == pytest.approx(26.25)
 
     text = format_report(row, answer)
-    assert f"Job ID: {job_id}" in text and "COMPLETED (exit code 0)" in text
+    assert f"Job ID: {job_id}" in text and "State: COMPLETED\n" in text
     assert "n1 (GPU 1): 2% (max 4%, idle 100%)" in text
     assert "n1 (GPU 0): 40.0GB/80.0GB (50%)" in text
     assert "5 steps at 1.00 steps/s; first step done 5.0 s after the job started" in text

@@ -73,8 +73,8 @@ def test_a_jobs_name_cannot_drive_the_terminal_or_forge_a_line(live_collector: L
     assert name == f"{'Job Name':>15}: " + terminal_safe(NAME)
     assert "\\x1b]0;owned\\x07\\x9b2J\\rJob Name: innocent\\n      Job ID: 4242" in name
     assert [line.strip() for line in lines if line.lstrip().startswith("Job ID:")] == [f"Job ID: {job}"]
-    assert [line.strip() for line in lines if line.lstrip().startswith("State:")] == ["State: COMPLETED (exit code 0)"]
-    assert f"{'User/Account':>15}: alice\\x1b[8m/-" in lines
+    assert [line.strip() for line in lines if line.lstrip().startswith("State:")] == ["State: COMPLETED"]
+    assert f"{'User/Account':>15}: alice\\x1b[8m/unknown" in lines
     assert f"{'Partition':>15}: gpu\\x1b[1A" in lines
     assert any(line.strip().startswith("n1\\x1b[2K (GPU 0)") for line in lines), text
 

@@ -79,8 +79,8 @@ def test_the_audit_counts_gpu_hours_of_timeouts_and_cancelled_jobs(
     at = app_as("root", "views/audit.py")
     _ok(at)
     metrics = {m.label: m.value for m in at.metric}
-    assert metrics["GPU-hours ended by time limit"] == "6.0"
-    assert metrics["GPU-hours of cancelled jobs"] == "4.0"
+    assert metrics["GPU-hours ended by time limit"] == "6.00"
+    assert metrics["GPU-hours of cancelled jobs"] == "4.00"
     by_user = at.dataframe[0].value.set_index("user")
     assert (by_user.loc["bob", "timeout_gpu_hours"], by_user.loc["bob", "cancelled_gpu_hours"]) == (6.0, 0.0)
     assert (by_user.loc["alice", "timeout_gpu_hours"], by_user.loc["alice", "cancelled_gpu_hours"]) == (0.0, 4.0)

@@ -105,7 +105,7 @@ def test_audit_period_and_thresholds_come_from_the_address(app_as: Callable[...,
     _ok(at)
     assert (at.date_input(key="audit_from").value, at.date_input(key="audit_to").value) == PERIOD
     assert at.number_input(key="audit_idle").value == 3.5
-    assert {m.label: m.value for m in at.metric}["GPU-hours"] == f"{TOTAL_GPU_HOURS:.1f}"
+    assert {m.label: m.value for m in at.metric}["GPU-hours"] == f"{TOTAL_GPU_HOURS:.2f}"
     assert at.query_params == {"from": "2024-03-04", "to": "2024-03-05", "idle": "3.5"}
     at.number_input(key="audit_low").set_value(50.0).run()
     at.date_input(key="audit_to").set_value(dt.date(2024, 3, 4)).run()
@@ -296,7 +296,7 @@ def test_audit_link_opens_the_audit_of_its_period(chromium: Any, stack: Up, tmp_
         _wait(lambda: _settled(driver), 60, "the audit page's script run to finish")
     finally:
         _keep(driver, tmp_path, "audit")
-    assert figures()["GPU-hours"] == f"{TOTAL_GPU_HOURS:.1f}"
+    assert figures()["GPU-hours"] == f"{TOTAL_GPU_HOURS:.2f}"
     assert _query(driver) == {"from": ["2024-03-04"], "to": ["2024-03-05"]}
     shown = [str(i.get_attribute("value")).replace("/", "-")
              for i in driver.find_elements(By.CSS_SELECTOR, '[data-testid="stDateInput"] input')]

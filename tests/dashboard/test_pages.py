@@ -7,6 +7,7 @@ from collections.abc import Callable
 
 from streamlit.testing.v1 import AppTest
 
+from jobsight.rules import display_text
 from tests.dashboard.conftest import texts
 from tests.dashboard.seed import PERIOD, TOTAL_GPU_HOURS, TOTAL_KWH, Seed
 
@@ -110,8 +111,8 @@ def test_audit_totals_match_the_hand_computed_figures(app_as: Callable[..., AppT
     _ok(at)
     metrics = {m.label: m.value for m in at.metric}
     assert metrics["Jobs"] == "3"
-    assert metrics["GPU-hours"] == f"{TOTAL_GPU_HOURS:.1f}"
-    assert metrics["Energy (kWh)"] == f"{TOTAL_KWH:.2f}"
+    assert metrics["GPU-hours"] == display_text.gpu_hours(TOTAL_GPU_HOURS) == "52.00"
+    assert metrics["Energy (kWh)"] == display_text.energy(TOTAL_KWH, unit=False) == "6.5000"
     assert metrics["Mean GPU utilisation"] == "28 %"
     by_user = at.dataframe[0].value.set_index("user")
     assert by_user.loc["alice", "gpu_hours"] == 16.0 and by_user.loc["bob", "gpu_hours"] == 36.0

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Build and install Slurm 26.05.3 into /opt/slurm-26.05 for the real-Slurm tests on today's Slurm
 # (tests/slurm/, run by .ci/run after Debian's 22.05), unless that prefix already holds it.
-# Usage: build_slurm.sh [path to slurm-26.05.3.tar.gz]
+# Usage: build_slurm.sh [path to slurm-26.05.3.tar.gz | --deps-only]
 # The tarball is Slurm's source as tagged upstream (GPL-2.0; it runs as the test cluster's own
 # daemons and commands, nothing of it enters this repository). Needs root (apt-get, make install).
 # About 5.5 minutes on 2 cores. The configuration lives in <prefix>/etc (setup_cluster.sh writes it).
@@ -12,19 +12,13 @@ prefix="${SLURM_PREFIX:-/opt/slurm-26.05}"
 tarball="${1:-${SLURM_TARBALL:-}}"
 say() { echo "build_slurm: $*"; }
 
-export DEBIAN_FRONTEND=noninteractive
 # Slurm's build dependencies (munge: the daemon, shared with Debian's Slurm).
-packages=(build-essential pkg-config libjson-c-dev libmunge-dev libyaml-dev liblz4-dev libreadline-dev
-          libssl-dev libdbus-1-dev libbpf-dev munge)
-missing=()
-for p in "${packages[@]}"; do
-    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-done
-if [ "${#missing[@]}" -gt 0 ]; then
-    say "installing ${missing[*]}"
-    apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null \
-        || { apt-get update -qq && apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null; }
-fi
+# shellcheck source=../apt_missing.sh
+. "$(dirname "$0")/../apt_missing.sh"
+install_missing build_slurm build-essential pkg-config libjson-c-dev libmunge-dev libyaml-dev liblz4-dev \
+    libreadline-dev libssl-dev libdbus-1-dev libbpf-dev munge
+# --deps-only: the packages above, no build (CI installs every package first, then builds in the background).
+[ "$tarball" = "--deps-only" ] && exit 0
 
 # `slurmd -V` prints "slurm 26.05.3": an install of another version (or a half-finished one) is rebuilt.
 if [ -x "$prefix/sbin/slurmd" ] && [ "$("$prefix/sbin/slurmd" -V 2>/dev/null)" = "slurm $version" ]; then

@@ -28,6 +28,7 @@ def list_jobs(
     principal: CurrentPrincipal,
     auth: Auth,
     cluster: Cluster = None,
+    job_id: Annotated[str | None, Query(description="one job id, in every cluster that holds it")] = None,
     user: str | None = None,
     state: str | None = None,
     partition: str | None = None,
@@ -41,8 +42,8 @@ def list_jobs(
     auth.authorize_read(principal)
     with unit_of_work(pool) as conn:
         rows, total = job_queries.list_jobs(
-            conn, cluster=cluster, user=user, state=state, partition=partition, since=since, until=until,
-            max_mean_util=max_mean_util, limit=limit, offset=offset,
+            conn, cluster=cluster, job_id=job_id, user=user, state=state, partition=partition, since=since,
+            until=until, max_mean_util=max_mean_util, limit=limit, offset=offset,
         )
     following = offset + len(rows)
     return {"jobs": rows, "total": total, "next_offset": following if following < total else None}

@@ -1,0 +1,40 @@
+"""Every table a page shows, through one door: an absent value reads as the one missing mark of
+:mod:`jobsight.rules.display_text` (Streamlit would print "None"), and every column is headed in
+words (``self_cpu_us`` reads "self CPU (µs)"), the headers the report and the CLI use.
+
+The data keep their names and types (a page's tests read them; numbers still sort as numbers):
+only the headers and the missing cells are what a reader sees differently.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import pandas as pd
+import streamlit as st
+
+from jobsight.rules import display_text
+
+
+def headers(frame: pd.DataFrame, given: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """``given`` (a page's own column settings) with a label in words for every column that has none:
+    a plain string is a label, a column setting without ``label`` gets one, ``None`` (hidden) stays."""
+    config: dict[str, Any] = dict(given or {})
+    for name in map(str, frame.columns):
+        setting = config.get(name, "")
+        if name in config and setting is None:
+            continue
+        if isinstance(setting, str):
+            config[name] = setting or display_text.column_label(name)
+        elif isinstance(setting, dict) and not setting.get("label"):
+            config[name] = {**setting, "label": display_text.column_label(name)}
+    return config
+
+
+def show(frame: pd.DataFrame, *, column_config: Mapping[str, Any] | None = None, **kwargs: Any) -> Any:
+    """``st.dataframe`` with the missing mark and worded headers (``kwargs`` as ``st.dataframe``'s)."""
+    kwargs.setdefault("hide_index", True)
+    kwargs.setdefault("width", "stretch")
+    return st.dataframe(frame, column_config=headers(frame, column_config), placeholder=display_text.MISSING,
+                        **kwargs)
