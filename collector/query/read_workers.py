@@ -3,103 +3,139 @@
 A read's Python work in the process that answers ingest takes that process's interpreter lock: eight
 epochs reads at once made one-sample node batches wait 15-30 ms instead of 2 (bench/read_pressure.py),
 and the collector process was at its core's limit while the database was not. Here each heavy read
-runs in one of ``heavy_reads`` worker processes started on first use (``spawn``: nothing of the
-collector's threads or connections is inherited), each with one read connection of its own (the read
-statement timeout set by the server for the session) and ``nice`` raised by ``niceness``, so the
-kernel gives ingest's process the CPU first. The collector process only hands the request over and
-sends back the answer's bytes.
+runs in one of ``heavy_reads`` worker processes (:mod:`jobsight.collector.query.read_worker`, started
+on first use and kept), each with one read connection of its own (the read statement timeout set by the
+server for the session) and ``nice`` raised by ``niceness``, so the kernel gives ingest's process the
+CPU first. The collector process only hands the request over and sends back the answer's bytes.
 
 A read's errors come back as the store's own (:class:`~jobsight.collector.store.db.ReadTooLong`,
 :class:`~jobsight.collector.store.db.DatabaseUnavailable`, ...), which the API maps as for any read.
-A worker that dies (killed, out of memory) fails only the reads it held: they are answered 503, and the
-next read starts new workers.
+A worker that dies, stalls or says something unreadable fails only the read it held (503), and is
+replaced by the next read that needs one.
 """
 
 from __future__ import annotations
 
-import multiprocessing
-import os
+import json
+import select
+import subprocess
+import sys
 import threading
-import time
-from concurrent.futures import ProcessPoolExecutor
-from concurrent.futures.process import BrokenProcessPool
-from typing import Final
+from typing import IO, Final
 
-import orjson
-from psycopg_pool import ConnectionPool
+from jobsight.collector.store.db import DatabaseUnavailable, ReadTooLong, ValueRefused
 
-from jobsight.collector.query import epoch_energy
-from jobsight.collector.store.db import Connection, DatabaseUnavailable, open_pool, unit_of_work
+WORKER_MODULE: Final = "jobsight.collector.query.read_worker"
 
-HEAVY_READ_POOL: Final = "jobsight-heavy-read"
-"""The ``application_name`` of the workers' connections (one per worker)."""
-
-_pool: ConnectionPool[Connection] | None = None
-"""In a worker: its one read connection."""
+_ERRORS: Final[dict[bytes, type[Exception]]] = {
+    b"too_long": ReadTooLong, b"unavailable": DatabaseUnavailable, b"refused": ValueRefused,
+}
 
 
-def _exit_with(parent: int) -> None:
-    """Ends this worker once the collector process that started it is gone, however it went (a
-    ``SIGKILL`` runs no shutdown): an orphan would hold its database connection for ever."""
-    while os.getppid() == parent:
-        time.sleep(1.0)
-    os._exit(0)
+class ReadFailed(RuntimeError):
+    """A heavy read failed in its worker for a reason that is not the database's (a bug: answered 500)."""
 
 
-def _start_worker(database_url: str, statement_timeout_s: float, niceness: int) -> None:
-    global _pool
-    threading.Thread(target=_exit_with, args=(os.getppid(),), name="jobsight-read-worker-watch", daemon=True).start()
-    if niceness:
-        os.nice(niceness)
-    _pool = open_pool(database_url, 1, statement_timeout_s=statement_timeout_s, name=HEAVY_READ_POOL)
+class _Worker:
+    """One worker process and its two pipes."""
+
+    def __init__(self, config: bytes) -> None:
+        self.process = subprocess.Popen([sys.executable, "-m", WORKER_MODULE], stdin=subprocess.PIPE,
+                                        stdout=subprocess.PIPE, close_fds=True)
+        self._to: IO[bytes] = self.process.stdin  # type: ignore[assignment]
+        self._from: IO[bytes] = self.process.stdout  # type: ignore[assignment]
+        self._to.write(config)
+        self._to.flush()
+
+    def ask(self, request: bytes, within_s: float) -> bytes:
+        """The answer's body; the store's error for a read that failed there; :class:`_Broken` when the
+        worker did not answer as it should within ``within_s`` (it is then of no further use)."""
+        try:
+            self._to.write(request)
+            self._to.flush()
+            ready, _, _ = select.select([self._from], [], [], within_s)
+            if not ready:
+                raise _Broken("a read worker did not answer in time")
+            kind, _, rest = self._from.readline().rstrip(b"\n").partition(b" ")
+        except (OSError, ValueError) as exc:
+            raise _Broken("a read worker stopped") from exc
+        if kind == b"ok":
+            body = self._from.read(int(rest))
+            if len(body) != int(rest):
+                raise _Broken("a read worker stopped while answering")
+            return body
+        if kind in _ERRORS:
+            raise _ERRORS[kind](rest.decode("utf-8", "replace"))
+        if kind == b"error":
+            raise ReadFailed(rest.decode("utf-8", "replace"))
+        raise _Broken("a read worker stopped while reading")
+
+    def stop(self) -> None:
+        self.process.kill()
+        self.process.wait()
+        for pipe in (self._to, self._from):
+            pipe.close()
 
 
-def _epochs_json(cluster: str, job_id: str, running: bool, max_epochs: int) -> bytes:
-    """In a worker: the job's epochs (:func:`~jobsight.collector.query.epoch_energy.job_epochs`) as JSON."""
-    assert _pool is not None, "a read worker runs only after _start_worker"
-    with unit_of_work(_pool) as conn:
-        answer = epoch_energy.job_epochs(conn, cluster, job_id, running=running, max_epochs=max_epochs)
-    # orjson, not FastAPI's encoder: a thousand epochs took the encoder longer than reading them.
-    return orjson.dumps(answer)
+class _Broken(Exception):
+    pass
 
 
 class ReadWorkers:
     """The collector process's heavy-read workers: at most ``workers`` processes, started on first use.
-    Callers bound how many reads wait for them (the API's heavy-read turns)."""
+    Callers bound how many reads run at once to ``workers`` (the API's heavy-read turns)."""
 
     def __init__(self, database_url: str, workers: int, statement_timeout_s: float, niceness: int) -> None:
-        self._args = (database_url, statement_timeout_s, niceness)
-        self._workers = workers
+        self._config = json.dumps({"database_url": database_url, "statement_timeout_s": statement_timeout_s,
+                                   "niceness": niceness}).encode() + b"\n"
         self._answer_within_s = statement_timeout_s + 30.0
         self._lock = threading.Lock()
-        self._executor: ProcessPoolExecutor | None = None
+        self._idle: list[_Worker] = []
+        self._all: set[_Worker] = set()
+        self._closed = False
 
-    def _started(self) -> ProcessPoolExecutor:
+    def _take(self) -> _Worker:
         with self._lock:
-            if self._executor is None:
-                self._executor = ProcessPoolExecutor(self._workers, mp_context=multiprocessing.get_context("spawn"),
-                                                     initializer=_start_worker, initargs=self._args)
-            return self._executor
+            if self._closed:
+                raise DatabaseUnavailable("the collector is shutting down")
+            if self._idle:
+                return self._idle.pop()
+        worker = _Worker(self._config)
+        with self._lock:
+            self._all.add(worker)
+        return worker
 
-    def _forget(self, executor: ProcessPoolExecutor) -> None:
+    def _give_back(self, worker: _Worker) -> None:
         with self._lock:
-            if self._executor is executor:
-                self._executor = None
-        executor.shutdown(wait=False, cancel_futures=True)
+            if not self._closed:
+                self._idle.append(worker)
+                return
+        worker.stop()
+
+    def _drop(self, worker: _Worker) -> None:
+        with self._lock:
+            self._all.discard(worker)
+        worker.stop()
 
     def epochs_json(self, cluster: str, job_id: str, *, running: bool, max_epochs: int) -> bytes:
         """The job's epochs as JSON bytes, read by a worker."""
-        executor = self._started()
+        request = json.dumps({"cluster": cluster, "job_id": job_id, "running": running,
+                              "max_epochs": max_epochs}).encode() + b"\n"
+        worker = self._take()
         try:
-            return executor.submit(_epochs_json, cluster, job_id, running, max_epochs).result(self._answer_within_s)
-        except BrokenProcessPool as exc:
-            self._forget(executor)
-            raise DatabaseUnavailable("a read worker stopped while reading; the next read starts another") from exc
-        except TimeoutError as exc:
-            raise DatabaseUnavailable("a read worker did not answer in time") from exc
+            body = worker.ask(request, self._answer_within_s)
+        except _Broken as exc:
+            self._drop(worker)
+            raise DatabaseUnavailable(str(exc)) from exc
+        except BaseException:
+            self._give_back(worker)  # it answered: the read failed, not the worker
+            raise
+        self._give_back(worker)
+        return body
 
     def close(self) -> None:
         with self._lock:
-            executor, self._executor = self._executor, None
-        if executor is not None:
-            executor.shutdown(wait=True, cancel_futures=True)
+            self._closed = True
+            workers, self._all, self._idle = list(self._all), set(), []
+        for worker in workers:
+            worker.stop()

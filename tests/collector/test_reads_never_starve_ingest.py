@@ -140,12 +140,12 @@ def _cpu_and_nice(pid: int) -> tuple[float, int]:
 
 
 def _workers(pid: int) -> list[int]:
-    """The processes ``pid`` started with multiprocessing's ``spawn`` (not its resource tracker)."""
+    """The heavy-read workers ``pid`` started (``python -m jobsight.collector.query.read_worker``)."""
     found = []
     for entry in Path("/proc").iterdir():
         try:
             if entry.name.isdigit() and int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid \
-                    and b"spawn_main" in (entry / "cmdline").read_bytes():
+                    and b"jobsight.collector.query.read_worker" in (entry / "cmdline").read_bytes():
                 found.append(int(entry.name))
         except OSError:
             continue
