@@ -243,7 +243,8 @@ def test_report_cli(collector: LiveCollector, hook_env: dict[str, str]) -> None:
     missing = subprocess.run([sys.executable, "-m", "jobsight", "report", "no-such-job"], env=env, cwd=REPO,
                              text=True, capture_output=True, timeout=30)
     assert missing.returncode == 1
-    assert missing.stderr.strip() == "jobsight report: job no-such-job not found in cluster default"
+    assert missing.stderr.strip() == ("jobsight report: job no-such-job not found in cluster default; "
+                                      "no cluster of this collector has a job with this id")
     away = subprocess.run([sys.executable, "-m", "jobsight", "report", job], env={**env, "JOBSIGHT_URL":
                           "http://127.0.0.1:1"}, cwd=REPO, text=True, capture_output=True, timeout=30)
     assert away.returncode == 1 and len(away.stderr.strip().splitlines()) == 1
