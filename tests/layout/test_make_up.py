@@ -6,6 +6,7 @@ pyproject.toml's extras, expanded as pip expands ``jobsight[...]``.
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -47,8 +48,11 @@ def _dry_run(target: str) -> list[str]:
     if shutil.which("make") is None:
         pytest.skip("needs make (apt-get install make)")
     # -B: every step out of date, so each is printed whatever this checkout's .venv holds.
-    printed = subprocess.run(["make", "-n", "-B", target], cwd=REPO, capture_output=True, text=True, timeout=60,
-                             check=True).stdout
+    # --no-print-directory, and no MAKEFLAGS/MAKELEVEL: under `make test` this make is a sub-make, which
+    # would otherwise add "make[1]: Entering directory" lines.
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MAKELEVEL", "MFLAGS")}
+    printed = subprocess.run(["make", "--no-print-directory", "-n", "-B", target], cwd=REPO, capture_output=True,
+                             text=True, timeout=60, check=True, env=env).stdout
     return printed.splitlines()
 
 
