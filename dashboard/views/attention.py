@@ -13,6 +13,7 @@ from jobsight.dashboard.identity import viewer_or_stop
 from jobsight.dashboard.settings import dashboard_settings
 from jobsight.dashboard.url_state import Param
 from jobsight.dashboard.views.job_health import RULE_LABEL, SEVERITY_MARK, SEVERITY_ORDER, moment_of, moment_url
+from jobsight.rules import display_text
 from jobsight.rules.rule_names import RULES
 
 settings = dashboard_settings()
@@ -43,9 +44,10 @@ def _table(frame: pd.DataFrame) -> pd.DataFrame:
         "rule": [r["rule"] for r in rows],
         "job": [r["job_id"] for r in rows],
         "subject": [r["subject"] or "job" for r in rows],
-        "user": [r["user_name"] for r in rows],
-        "account": [r["account"] for r in rows],
-        "partition": [r["partition"] for r in rows],
+        # As the jobs list words them (jobsight/rules/display_text.py): "unknown" before a prolog, "n/a" outside Slurm.
+        "user": [display_text.user(r) for r in rows],
+        "account": [display_text.account(r) for r in rows],
+        "partition": [display_text.partition(r) for r in rows],
         "since": [r["opened_at"] for r in rows],
         "title": [r["title"] for r in rows],
     })

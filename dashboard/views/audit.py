@@ -9,7 +9,7 @@ import datetime as dt
 import pandas as pd
 import streamlit as st
 
-from jobsight.dashboard import charts, data, tables, url_state
+from jobsight.dashboard import charts, csv_export, data, tables, url_state
 from jobsight.dashboard.identity import viewer_or_stop
 from jobsight.dashboard.settings import dashboard_settings
 from jobsight.dashboard.url_state import Param
@@ -98,14 +98,20 @@ def _table(frame: pd.DataFrame, name: str, *, job_links: bool = False, empty: st
     for column in ("user_name", "user", "account", "partition"):
         if column in shown:
             shown[column] = [display_text.group_name(v) for v in shown[column]]
+    # Numbers stay numbers, so that a column sorts (who used most); each energy column has the decimals
+    # display_text gives its largest figure, which then reads as the metrics above and the report print it.
+    figures = {name: display_text.figure_format(shown[name]) if name in shown else "%.3f"
+               for name in ("energy_kwh", "node_energy_kwh", "total_energy_kwh", "co2e_kg")}
     config = {"gpu_hours": st.column_config.NumberColumn("GPU-hours", format="%.2f"),
+              "low_util_gpu_hours": st.column_config.NumberColumn("low-util GPU-hours", format="%.2f"),
               "mean_util": st.column_config.NumberColumn("mean util %", format="%.0f"),
-              "energy_kwh": st.column_config.NumberColumn("GPU kWh", format="%.3f"),
+              "energy_kwh": st.column_config.NumberColumn("GPU kWh", format=figures["energy_kwh"]),
               "energy_share": st.column_config.NumberColumn("energy share", format="percent"),
               "node_energy_kwh": st.column_config.NumberColumn(
-                  "node kWh", format="%.3f", help="the jobs' share of their nodes' power beside the GPUs"),
-              "total_energy_kwh": st.column_config.NumberColumn("total kWh", format="%.3f"),
-              "co2e_kg": st.column_config.NumberColumn("kg CO2e", format="%.3f"),
+                  "node kWh", format=figures["node_energy_kwh"],
+                  help="the jobs' share of their nodes' power beside the GPUs"),
+              "total_energy_kwh": st.column_config.NumberColumn("total kWh", format=figures["total_energy_kwh"]),
+              "co2e_kg": st.column_config.NumberColumn("kg CO2e", format=figures["co2e_kg"]),
               "running_jobs": st.column_config.NumberColumn(
                   "running", help="jobs still running: their energy so far is counted, and still growing"),
               "timeout_gpu_hours": st.column_config.NumberColumn(
@@ -126,8 +132,10 @@ def _table(frame: pd.DataFrame, name: str, *, job_links: bool = False, empty: st
         shown.insert(0, "open", [links.job_link(c, j) for c, j in zip(shown["cluster"], shown["job_id"], strict=True)])
         config["open"] = st.column_config.LinkColumn("open", display_text="open")
     tables.show(shown, column_config=config)
-    st.download_button(f"CSV: {name}", frame.to_csv(index=False).encode(), file_name=f"jobsight-{name}-{period}.csv",
-                       mime="text/csv", key=f"csv_{name}")
+    # The data as they are, for a spreadsheet or a script: the table's headers, empty unknowns, ISO
+    # days and UTC times, Slurm's states, numbers unrounded (dashboard/csv_export.py).
+    st.download_button(f"CSV: {name}", csv_export.csv_bytes(frame, column_config=config),
+                       file_name=f"jobsight-{name}-{period}.csv", mime="text/csv", key=f"csv_{name}")
 
 
 st.subheader("GPU-hours and energy")

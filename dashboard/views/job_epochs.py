@@ -17,8 +17,8 @@ import streamlit as st
 from jobsight.dashboard import charts, data, tables
 from jobsight.rules import display_text, energy_text
 
-GROWING = "≥ still growing"
-"""The mark of a figure of a running job that will still grow."""
+GROWING = "≥"
+"""The mark before a running job's figure that will still grow (display_text's, without its space)."""
 
 
 def show(ref: data.JobRef, running: bool, every: dt.timedelta | None) -> None:
@@ -43,15 +43,31 @@ def _frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
     return frame
 
 
+def _energies(kwh: Any, growing: Any, kg_per_kwh: float | None = None) -> str:
+    """An epoch's energy (or, given ``kg_per_kwh``, its emissions) as the metrics above print the whole
+    job's: :func:`display_text.energy`'s five significant digits, "≥" while it grows, "-" when unknown."""
+    grows = bool(growing) and not display_text.is_missing(growing)
+    if kg_per_kwh is None:
+        return display_text.energy(kwh, growing=grows, unit=False)
+    return display_text.co2e(None if display_text.is_missing(kwh) else kwh * kg_per_kwh, growing=grows, unit=False)
+
+
 def _table(frame: pd.DataFrame, kg_per_kwh: float | None) -> pd.DataFrame:
+    """The epochs' table. Its kWh and kg CO2e cells are text, as display_text writes them: a fixed-decimals
+    number column would print the same energy in other digits than the metrics above (2.3360 beside 2.3361)
+    and could not mark the running epoch's "≥". They sort as text; "J" is the same GPU energy as a number."""
+    growing = list(frame["growing"])
+    node_kwh = frame["node_energy_j"] / J_PER_KWH
     return pd.DataFrame({
         "epoch": frame["epoch"], "start": frame["start"], "end": frame["end"], "duration s": frame["duration_s"],
         "steps": frame["steps"], "samples": frame["samples"], "samples/s": frame["samples_per_s"],
-        "kWh": frame["energy_kwh"], "J": frame["energy_j"], "J/sample": frame["j_per_sample"],
+        "GPU kWh": [_energies(v, g) for v, g in zip(frame["energy_kwh"], growing, strict=True)],
+        "J": frame["energy_j"], "J/sample": frame["j_per_sample"],
         "mean W": frame["mean_power_w"], "method": frame["method"],
-        "node kWh": frame["node_energy_j"] / J_PER_KWH, "total kWh": frame["total_kwh"],
-        "kg CO2e": frame["total_kwh"] * kg_per_kwh if kg_per_kwh is not None else None,
-        "note": [GROWING if growing else "" for growing in frame["growing"]],
+        "node kWh": [_energies(v, g) for v, g in zip(node_kwh, growing, strict=True)],
+        "total kWh": [_energies(v, g) for v, g in zip(frame["total_kwh"], growing, strict=True)],
+        "kg CO2e": [_energies(v, g, kg_per_kwh) if kg_per_kwh is not None else display_text.MISSING
+                    for v, g in zip(frame["total_kwh"], growing, strict=True)],
     })
 
 
@@ -60,15 +76,15 @@ _COLUMNS = {
     "end": st.column_config.DatetimeColumn("end (UTC)", format="YYYY-MM-DD HH:mm:ss", timezone="UTC"),
     "duration s": st.column_config.NumberColumn(format="%.0f"),
     "samples/s": st.column_config.NumberColumn(format="%.1f"),
-    "kWh": st.column_config.NumberColumn(format="%.4f", help="the GPUs' energy"),
-    "J": st.column_config.NumberColumn(format="%.0f"),
+    "GPU kWh": st.column_config.TextColumn(help="the GPUs' energy; ≥: the running epoch's so far"),
+    "J": st.column_config.NumberColumn(format="%.0f", help="the GPUs' energy in joules"),
     "J/sample": st.column_config.NumberColumn(format="%.3g"),
     "mean W": st.column_config.NumberColumn(format="%.0f", help="energy over duration, all the job's GPUs"),
     "method": st.column_config.TextColumn(help="counter: the GPUs' energy counters; power integral: GPUs "
                                                "without one, their power integrated over time"),
-    "node kWh": st.column_config.NumberColumn(format="%.4f", help="the job's share of its nodes' power beside GPUs"),
-    "total kWh": st.column_config.NumberColumn(format="%.4f"),
-    "kg CO2e": st.column_config.NumberColumn(format="%.4f", help="total kWh × PUE × the job's carbon intensity"),
+    "node kWh": st.column_config.TextColumn(help="the job's share of its nodes' power beside GPUs"),
+    "total kWh": st.column_config.TextColumn(help="the GPUs' and the nodes' share"),
+    "kg CO2e": st.column_config.TextColumn(help="total kWh × PUE × the job's carbon intensity"),
 }
 J_PER_KWH = 3.6e6
 
@@ -76,13 +92,14 @@ J_PER_KWH = 3.6e6
 def epoch_chart(frame: pd.DataFrame) -> alt.Chart:
     """A bar per epoch spanning its time on the page's one UTC axis, as high as its energy."""
     shown = frame.assign(label=[f"epoch {e}" for e in frame["epoch"]],
-                         state=["still growing" if g else "done" for g in frame["growing"]])
+                         state=["still growing" if g else "done" for g in frame["growing"]],
+                         kwh=[_energies(v, g) for v, g in zip(frame["energy_kwh"], frame["growing"], strict=True)])
     return alt.Chart(shown).mark_rect(stroke="white", strokeWidth=1).encode(
         x=charts.time_x(None, "start"), x2="end:T", y=alt.Y("energy_kwh:Q", title="energy (kWh)"),
         color=alt.Color("state:N", title="", scale=alt.Scale(domain=["done", "still growing"],
                                                              range=["#4c78a8", "#9ecae9"])),
         tooltip=["label:N", charts.time_tooltip("start", "start"), charts.time_tooltip("end", "end"),
-                 alt.Tooltip("energy_kwh:Q", title="kWh", format=".4f"),
+                 alt.Tooltip("kwh:N", title="kWh"),  # the table's and the metrics' text, not a d3 format
                  alt.Tooltip("j_per_sample:Q", title="J/sample", format=".3g"),
                  alt.Tooltip("samples_per_s:Q", title="samples/s", format=".1f"), "method:N"],
     ).properties(height=180, title="Energy per epoch")
@@ -94,9 +111,8 @@ def _outside(answer: dict[str, Any]) -> str:
                       ("after_last_step", "after the last step")):
         span = answer[key]
         if span is not None and span["energy_kwh"] is not None:
-            parts.append(f"{what}: {display_text.energy(span['energy_kwh'])} over "
-                         f"{display_text.duration(span['duration_s'])}"
-                         + (f" ({GROWING})" if span["growing"] else ""))
+            parts.append(f"{what}: {display_text.energy(span['energy_kwh'], growing=bool(span['growing']))} over "
+                         f"{display_text.duration(span['duration_s'])}")
     return ("Also " + "; ".join(parts) + ". With the epochs they add up to the job's energy.") if parts else ""
 
 
@@ -140,6 +156,6 @@ def _section(ref: data.JobRef, running: bool) -> None:
     st.caption(" ".join(filter(None, [
         "An epoch runs from its first step to the next epoch's; the last one to the last step.",
         _outside(answer),
-        f"Figures marked “{GROWING}” belong to a running job." if running else "",
+        f"Figures marked “{GROWING}” belong to the running job: they will still grow." if running else "",
     ])))
     st.altair_chart(epoch_chart(frame), width="stretch", height=charts.element_px(180, [charts.legend_px(2)]))

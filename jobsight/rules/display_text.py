@@ -13,7 +13,7 @@ from __future__ import annotations
 import datetime as dt
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any, Final
 
 from jobsight.rules import job_states
@@ -143,6 +143,18 @@ def energy(kwh: Any, *, method: str | None = None, growing: bool = False, unit: 
     return (GROWING if growing else "") + (ABOUT if rough else "") + value + (" kWh" if unit else "")
 
 
+def figure_format(values: Iterable[Any], digits: int = 5) -> str:
+    """A printf format (``%.4f``) for a column of numbers a table keeps sortable: as many decimals as
+    :func:`figure` gives the column's largest value, so that its top figure (a period's only user, the
+    biggest consumer) reads as the same figure does in a metric or the report, and every row of the
+    column has the same decimals. ``%.0f`` when the column has no value (all missing or zero)."""
+    present = [abs(float(v)) for v in values if not is_missing(v)]
+    largest = max(present, default=0.0)
+    if largest == 0 or largest >= 10 ** digits:
+        return "%.1f" if largest else "%.0f"
+    return f"%.{max(0, digits - 1 - math.floor(math.log10(largest)))}f"
+
+
 def co2e(kg: Any, *, growing: bool = False, unit: bool = True) -> str:
     """Emissions in kg CO2e, as :func:`energy` writes a counter's figure."""
     if is_missing(kg):
@@ -194,6 +206,15 @@ def moment(value: Any) -> str:
     """``2024-03-04 10:00:00 UTC`` (every page's clock is UTC); :data:`MISSING` when absent."""
     at = _moment(value)
     return MISSING if at is None else f"{at:%Y-%m-%d %H:%M:%S} UTC"
+
+
+def iso_moment(value: Any) -> str:
+    """ISO 8601 in UTC with ``Z`` (``2024-03-04T10:00:00Z``, microseconds only when there are any): a
+    time as a file for machines says it (a CSV download). :data:`MISSING` when absent."""
+    at = _moment(value)
+    if at is None:
+        return MISSING
+    return at.replace(tzinfo=None).isoformat(timespec="microseconds" if at.microsecond else "seconds") + "Z"
 
 
 def day(value: Any) -> str:
