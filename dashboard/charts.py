@@ -332,20 +332,35 @@ def gpu_heatmap(frame: pd.DataFrame, domain: Domain) -> alt.Chart:
     """GPU × time utilisation, one cell per GPU and bucket as the data layer read them (within the
     heatmap's cell budget). Rows shrink as GPUs grow so 64-512 GPUs stay on one screen; y labels
     are thinned by Vega when rows are too small to label each one. The x axis is the same time
-    scale as every other chart of the page."""
+    scale as every other chart of the page.
+
+    Cells are what the browser spends its time on (a 64-GPU job's window is 8,000 of them), so each
+    costs it as little as can be: its colour is its only scaled channel, and its tooltip one line of
+    text written here (:func:`cell_tips`), not three fields Vega formats for every cell as it draws."""
     gpus = frame["gpu"].nunique()
     cells = frame[["gpu", "bucket", "util_gpu"]].assign(end=bucket_ends(frame, domain))  # only what is drawn
+    cells = cells.assign(tip=cell_tips(cells))
     order = sorted(frame["gpu"].unique(), key=lambda g: (g.rsplit(":", 1)[0], int(g.rsplit(":", 1)[1] or 0)))
     utilisation = alt.Scale(domain=[0, 100], scheme="viridis")
-    # A hairline of the cell's own colour: cells about a pixel wide (a window at its sampling interval)
-    # otherwise leave anti-aliased seams, a stripe every few pixels that reads as data.
-    return alt.Chart(cells).mark_rect(clip=True, strokeWidth=0.5).encode(
+    # Each cell reaches half a pixel into the next: cells about a pixel wide (a window at its sampling
+    # interval) otherwise leave anti-aliased seams, a stripe every few pixels that reads as data. (A
+    # hairline stroke of the cell's colour did the same at the cost of a second colour scale a cell.)
+    return alt.Chart(cells).mark_rect(clip=True, x2Offset=HEATMAP_OVERLAP_PX).encode(
         x=time_x(domain), x2="end:T",
         y=alt.Y("gpu:N", sort=order, title=None, axis=alt.Axis(labelOverlap=True, labelFontSize=9)),
         color=alt.Color("util_gpu:Q", title="util %", scale=utilisation),
-        stroke=alt.Stroke("util_gpu:Q", scale=utilisation, legend=None),
-        tooltip=["gpu:N", time_tooltip(), alt.Tooltip("util_gpu:Q", format=".0f")],
+        tooltip=alt.Tooltip("tip:N"),
     ).properties(height=_heatmap_px(gpus), title="GPU utilisation, every GPU")
+
+
+HEATMAP_OVERLAP_PX: Final = 0.5
+
+
+def cell_tips(cells: pd.DataFrame) -> pd.Series:
+    """Each heatmap cell's tooltip: ``n01:3 · 2026-11-27 23:07:31 UTC · 87 %``."""
+    times = pd.to_datetime(cells["bucket"], utc=True).dt.strftime(_TOOLTIP_FORMAT)
+    values = cells["util_gpu"].map(lambda v: "no value" if pd.isna(v) else f"{v:.0f} %")
+    return cells["gpu"].astype(str) + " · " + times + f" {TIME_ZONE} · " + values
 
 
 def _duration(seconds: float) -> str:
@@ -588,14 +603,20 @@ def breakdown_px(breakdown: pd.DataFrame) -> int:
     return element_px(BAR_PX * breakdown["rank"].nunique(), [legend_px(breakdown["category"].nunique())])
 
 
+TREND_SERIES: Final = {"gpu_hours": "GPU-hours", "low_util_gpu_hours": "GPU-hours at low utilisation"}
+"""The audit trend's lines and the words their legend and tooltip give them."""
+
+
 def trend_chart(trend: pd.DataFrame) -> alt.Chart:
+    """The audit's daily GPU-hours, all and at low utilisation: a day a point, on a UTC day axis."""
     # Floats: PostgreSQL's numeric sums arrive as Decimal, which Arrow hands Vega as a scaled
     # BigInt it cannot plot (the chart stayed blank).
-    hours = trend.astype({"gpu_hours": float, "low_util_gpu_hours": float})
-    long = hours.melt(id_vars=["day"], value_vars=["gpu_hours", "low_util_gpu_hours"], var_name="series",
-                      value_name="hours")
+    hours = trend.astype({name: float for name in TREND_SERIES})
+    long = hours.melt(id_vars=["day"], value_vars=list(TREND_SERIES), var_name="series", value_name="hours")
+    long = long.assign(series=long["series"].map(TREND_SERIES),
+                       date=pd.to_datetime(long["day"], utc=True).dt.strftime("%Y-%m-%d"))
     return alt.Chart(long).mark_line(point=True).encode(
         x=time_x(None, "day", title=f"day ({TIME_ZONE})", time_format="%Y-%m-%d"),
-        y=alt.Y("hours:Q", title="GPU-hours"), color="series:N",
-        tooltip=[time_tooltip("day", "day"), "series:N", alt.Tooltip("hours:Q", format=".1f")])
-
+        y=alt.Y("hours:Q", title="GPU-hours"), color=alt.Color("series:N", title=None),
+        tooltip=[alt.Tooltip("date:N", title=f"day ({TIME_ZONE})"), alt.Tooltip("series:N", title="what"),
+                 alt.Tooltip("hours:Q", format=".2f", title="GPU-hours")])

@@ -9,7 +9,7 @@ import datetime as dt
 import pandas as pd
 import streamlit as st
 
-from jobsight.dashboard import charts, csv_export, data, tables, url_state
+from jobsight.dashboard import charts, csv_export, data, tables, url_state, vega
 from jobsight.dashboard.identity import viewer_or_stop
 from jobsight.dashboard.settings import dashboard_settings
 from jobsight.dashboard.url_state import Param
@@ -161,5 +161,5 @@ trend = report["trend"]
 if trend.empty or not trend["gpu_hours"].any():
     st.info(f"No GPU-hours in {days_text}. Widen the period with *From* above, or open {_widen()}.")
 else:
-    st.altair_chart(charts.trend_chart(trend), width="stretch")
+    vega.show(charts.trend_chart(trend))
 _table(trend, "daily-trend")

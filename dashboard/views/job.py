@@ -14,7 +14,7 @@ import pandas as pd
 import streamlit as st
 
 from jobsight.collector.query.profiles import TooManyOpenRequests
-from jobsight.dashboard import charts, data, tables, time_window, url_state
+from jobsight.dashboard import charts, data, job_details, tables, time_window, url_state, vega
 from jobsight.dashboard.identity import viewer_or_stop
 from jobsight.dashboard.markup import plain, plain_join
 from jobsight.dashboard.settings import dashboard_settings
@@ -129,7 +129,7 @@ def gpus(span: dt.timedelta | None) -> None:
         return
     frame = charts.gpu_frame(series)
     overlay = charts.marker_layer(data.markers(ref), domain)
-    st.altair_chart(charts.gpu_heatmap(frame, domain), width="stretch", height=charts.heatmap_height(frame))
+    vega.show(charts.gpu_heatmap(frame, domain), charts.heatmap_height(frame))
     if note := charts.sampling_note(frame):
         st.caption(note)
     nodes = sorted(frame["node"].dropna().unique())
@@ -141,13 +141,13 @@ def gpus(span: dt.timedelta | None) -> None:
             continue
         with tab:
             for node in shown:
-                st.altair_chart(charts.gpu_lines(frame, metric, node, domain, overlay, settings.line_points),
-                                width="stretch", height=charts.gpu_lines_px(frame, node, overlay))
+                vega.show(charts.gpu_lines(frame, metric, node, domain, overlay, settings.line_points),
+                          charts.gpu_lines_px(frame, node, overlay))
 
 
 @st.fragment(run_every=every)
 def training(span: dt.timedelta | None) -> None:
-    """Steps, throughput and training metrics over the chosen window (as :func:`gpus`)."""
+    """Steps and throughput over the chosen window (as :func:`gpus`)."""
     job = data.open_job(viewer, ref.cluster, ref.job_id).job or first
     domain = time_window.clip(_domain(job), span)
     marks = data.markers(ref)
@@ -165,28 +165,34 @@ def training(span: dt.timedelta | None) -> None:
                         if view.own_work else "mean step time")
             st.warning(f"Straggler rank(s): {', '.join(map(display_text.rank, stragglers))} — {quantity} at least "
                        f"{ratio:.2f}× the median rank's.")
-        st.altair_chart(charts.step_chart(view, domain, overlay), width="stretch",
-                        height=charts.step_chart_px(view, overlay))
+        vega.show(charts.step_chart(view, domain, overlay), charts.step_chart_px(view, overlay))
         if (own := charts.own_work_chart(view, domain, overlay)) is not None:
-            st.altair_chart(own, width="stretch", height=charts.step_chart_px(view, overlay))
+            vega.show(own, charts.step_chart_px(view, overlay))
         if view.band is not None:
             alone = ", ".join(display_text.rank(r) + (" (straggler)" if r in stragglers else "") for r in view.outliers)
             st.caption(f"{view.ranks} ranks: the band is their 10th–90th percentile step time in each bucket, the "
                        f"dark line their median. Drawn alone: {alone or 'none, every rank stays near the band'}"
                        + (f"; {view.hidden} more rank(s) outside the band not drawn." if view.hidden else "."))
         if steps["samples"].notna().any():
-            st.altair_chart(charts.throughput_chart(steps, domain), width="stretch", height=charts.throughput_px())
-    st.subheader("Training metrics")
+            vega.show(charts.throughput_chart(steps, domain), charts.throughput_px())
+
+
+@st.fragment(run_every=every)
+def training_metrics(span: dt.timedelta | None) -> None:
+    """The training metrics over the chosen window (as :func:`gpus`), and the timeline's markers."""
+    job = data.open_job(viewer, ref.cluster, ref.job_id).job or first
+    domain = time_window.clip(_domain(job), span)
+    marks = data.markers(ref)
     metrics = data.metric_series(ref, settings.line_points, settings.chart_points, span)
     if metrics.empty:
         st.info("No training metrics recorded for this job.")
-        return
-    names = sorted(metrics["name"].unique())
-    columns = st.columns(min(3, len(names)))
-    for index, name in enumerate(names):
-        with columns[index % len(columns)]:
-            st.altair_chart(charts.metric_chart(metrics, name, domain, settings.line_points), width="stretch",
-                            height=charts.metric_chart_px(metrics, name))
+    else:
+        names = sorted(metrics["name"].unique())
+        columns = st.columns(min(3, len(names)))
+        for index, name in enumerate(names):
+            with columns[index % len(columns)]:
+                vega.show(charts.metric_chart(metrics, name, domain, settings.line_points),
+                          charts.metric_chart_px(metrics, name))
     if not marks.empty:
         with st.expander(f"Timeline markers ({len(marks)})"):
             tables.show(marks, column_config=_TIMES)
@@ -281,7 +287,7 @@ def profiles() -> None:
             st.warning(plain(hint), icon=":material/lightbulb:")
         breakdown = _breakdown(group)
         if not breakdown.empty:
-            st.altair_chart(charts.breakdown_chart(breakdown), width="stretch", height=charts.breakdown_px(breakdown))
+            vega.show(charts.breakdown_chart(breakdown), charts.breakdown_px(breakdown))
         by_rank = {f"{display_text.rank_label(r['rank'])} · {display_text.text(r['node'])}": r for r in group}
         picked = by_rank[st.selectbox("Rank", list(by_rank), key="profile_rank")]
         summary = picked["summary"] or {}
@@ -324,13 +330,24 @@ header()
 job_health.show(ref, first, running, every)
 job_actions.show(ref, every)
 window = time_window.param(running)
-url_state.restore([window])
+details = job_details.param()
+url_state.restore([window, details])
 st.radio("Time window", list(time_window.SPANS), key=time_window.KEY, horizontal=True,
          help="The recent window is drawn at the sampling's own resolution; longer ones from the per-minute "
               "and per-hour rollups.")
-url_state.store([window])
-gpus(time_window.span(st.session_state.get(time_window.KEY)))
-training(time_window.span(st.session_state.get(time_window.KEY)))
-job_epochs.show(ref, running, every)
-log_table()
-profiles()
+span = time_window.span(st.session_state.get(time_window.KEY))
+gpus(span)
+training(span)
+# The details, one at a time: a page that drew them all at once took as long again to open, and a
+# researcher opening a job looks first at its GPUs and steps (jobsight.dashboard.job_details).
+st.radio("Details", list(job_details.SECTIONS), key=job_details.KEY, horizontal=True, label_visibility="collapsed")
+url_state.store([window, details])
+shown = st.session_state.get(job_details.KEY)
+if shown == job_details.METRICS:
+    training_metrics(span)
+elif shown == job_details.ENERGY:
+    job_epochs.show(ref, running, every)
+elif shown == job_details.LOGS:
+    log_table()
+elif shown == job_details.PROFILES:
+    profiles()

@@ -14,7 +14,7 @@ import altair as alt
 import pandas as pd
 import streamlit as st
 
-from jobsight.dashboard import charts, data, tables
+from jobsight.dashboard import charts, data, tables, vega
 from jobsight.rules import display_text, energy_text
 
 GROWING = "≥"
@@ -158,4 +158,4 @@ def _section(ref: data.JobRef, running: bool) -> None:
         _outside(answer),
         f"Figures marked “{GROWING}” belong to the running job: they will still grow." if running else "",
     ])))
-    st.altair_chart(epoch_chart(frame), width="stretch", height=charts.element_px(180, [charts.legend_px(2)]))
+    vega.show(epoch_chart(frame), charts.element_px(180, [charts.legend_px(2)]))

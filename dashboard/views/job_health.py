@@ -22,7 +22,7 @@ import pandas as pd
 import streamlit as st
 
 from jobsight.collector.query.grids import points_per_series
-from jobsight.dashboard import charts, data, tables
+from jobsight.dashboard import charts, data, tables, vega
 from jobsight.dashboard.markup import plain
 from jobsight.dashboard.settings import dashboard_settings
 from jobsight.rules import display_text, links
@@ -196,12 +196,10 @@ def _moment(ref: data.JobRef, job: Mapping[str, Any], moment: dt.datetime, text:
         x=charts.time_x(domain, "at"), tooltip=[charts.time_tooltip("at", "moment")])
     if not gpus.empty:
         frame = charts.gpu_frame(gpus)
-        st.altair_chart(alt.layer(charts.gpu_heatmap(frame, domain), rule), width="stretch",
-                        height=charts.heatmap_height(frame))
+        vega.show(alt.layer(charts.gpu_heatmap(frame, domain), rule), charts.heatmap_height(frame))
     if not steps.empty:
         view = data.step_view(steps, settings.line_points)
-        st.altair_chart(charts.step_chart(view, domain, alt.LayerChart(layer=[rule])), width="stretch",
-                        height=charts.step_chart_px(view, None))
+        vega.show(charts.step_chart(view, domain, alt.LayerChart(layer=[rule])), charts.step_chart_px(view, None))
     if gpus.empty and steps.empty:
         st.info("No GPU samples or steps of this job around this moment.")
     st.page_link(JOB_PAGE, label="Hide this window", icon=":material/close:",

@@ -1,0 +1,61 @@
+"""Every chart of the dashboard reaches the browser through :func:`show`: an Altair chart as the
+Vega-Lite spec Streamlit would send, built without Altair's check of the spec against the
+Vega-Lite schema.
+
+That check is for a chart's author, not its reader: it ran on every chart of every page load (a
+64-GPU job page's eight charts spent about a third of its server time in ``jsonschema``), while
+what it checks is the same on every load of the same code. Every chart builder of
+:mod:`jobsight.dashboard.charts` is checked once, in the tests, through Altair's own
+``to_dict()`` (``tests/dashboard/test_chart_specs.py``).
+
+The data go as Streamlit sends an Altair chart's: each dataset by name beside the spec, turned
+into Arrow by Streamlit, never into JSON rows."""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from typing import Any, Final
+
+import altair as alt
+import pandas as pd
+import streamlit as st
+
+TRANSFORMER: Final = "jobsight_named_datasets"
+_LOCK = threading.Lock()
+"""Altair's theme and data transformer are process-wide; pages render in threads of one process."""
+
+
+def _dataset_name(data: Any) -> str:
+    """A name from the data's content, as Streamlit names an Altair chart's datasets: the same data
+    keep the same name from one rerun to the next, so the browser keeps the chart it drew."""
+    try:
+        rows = pd.util.hash_pandas_object(data, index=False).to_numpy().tobytes()
+    except (TypeError, ValueError):  # not a frame, or cells pandas cannot hash (lists): named once
+        return f"data-{id(data):x}"
+    digest = hashlib.sha1(rows, usedforsecurity=False)
+    digest.update(",".join(map(str, data.columns)).encode())
+    return f"data-{digest.hexdigest()[:20]}"
+
+
+def _by_name(data: Any, datasets: dict[str, Any]) -> dict[str, str]:
+    name = _dataset_name(data)
+    datasets[name] = data
+    return {"name": name}
+
+
+alt.data_transformers.register(TRANSFORMER, _by_name)
+
+
+def spec(chart: alt.TopLevelMixin) -> dict[str, Any]:
+    """``chart`` as a Vega-Lite spec with its datasets (frames) under ``datasets``, unchecked."""
+    datasets: dict[str, Any] = {}
+    with _LOCK, alt.theme.enable("none"), alt.data_transformers.enable(TRANSFORMER, datasets=datasets):
+        out: dict[str, Any] = chart.to_dict(validate=False)
+    out["datasets"] = {**(out.get("datasets") or {}), **datasets}
+    return out
+
+
+def show(chart: alt.TopLevelMixin, height: int | None = None) -> None:
+    """``chart`` on the page, the container's width and ``height`` pixels tall (``None``: its own)."""
+    st.vega_lite_chart(spec=spec(chart), width="stretch", height="content" if height is None else height)

@@ -1,0 +1,79 @@
+"""Every chart the pages send is a valid Vega-Lite spec.
+
+The pages send their charts without Altair's schema check (``jobsight/dashboard/vega.py``: it cost a
+third of a big job page's server time on every load); this is where the check happens instead, on
+what the browser is sent: each spec of every section of a 64-GPU job's page, of a job that has
+profiles and epochs, and of the audit, checked against the Vega-Lite schema Altair carries.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+import altair as alt
+import pandas as pd
+from altair.vegalite.v6.schema import core
+from streamlit.testing.v1 import AppTest
+
+from jobsight.dashboard import charts, vega
+from tests.dashboard.conftest import job_sections
+from tests.dashboard.seed import BigJob, Seed
+
+
+def _sent(at: AppTest) -> list[dict[str, Any]]:
+    return [json.loads(chart.proto.spec) for chart in at.get("vega_lite_chart")]
+
+
+def _check(specs: list[dict[str, Any]]) -> None:
+    for spec in specs:
+        core.TopLevelSpec.validate(spec)  # raises, naming the property, on an invalid spec
+
+
+def test_every_chart_of_a_big_jobs_page_is_a_valid_spec(app_as: Callable[..., AppTest], big_job: BigJob) -> None:
+    sections = job_sections(app_as, "root", cluster=big_job.cluster, job=big_job.job_id)
+    specs = [spec for at in sections.values() for spec in _sent(at)]
+    # The heatmap, two nodes' GPU lines, the step band, throughput and the metrics at least.
+    assert len(specs) >= 6
+    _check(specs)
+
+
+def test_every_chart_of_a_profiled_job_and_the_audit_is_a_valid_spec(app_as: Callable[..., AppTest],
+                                                                     dashboard_env: Seed) -> None:
+    sections = job_sections(app_as, "alice", cluster=dashboard_env.cluster, job=dashboard_env.running)
+    specs = [spec for at in sections.values() for spec in _sent(at)]
+    titles = json.dumps([spec.get("title") for spec in specs])
+    assert "Energy per epoch" in titles and "Per-rank breakdown" in titles, titles
+    _check(specs)
+    audit = _sent(app_as("root", "views/audit.py"))
+    assert audit
+    _check(audit)
+
+
+def test_what_vega_sends_is_what_altair_checks() -> None:
+    """The unchecked spec is Altair's checked one, with the data by name beside it."""
+    frame = pd.DataFrame({"day": pd.to_datetime(["2026-11-20", "2026-11-21"], utc=True),
+                          "gpu_hours": [36.0, 16.0], "low_util_gpu_hours": [3.0, 0.5]})
+    chart = charts.trend_chart(frame)
+    # Streamlit's theme ("none") is what the page sends charts under, through vega.spec as through st.altair_chart.
+    with alt.data_transformers.disable_max_rows(), alt.theme.enable("none"):
+        checked = chart.to_dict()
+    sent = vega.spec(chart)
+    (name,) = sent["datasets"]
+    (rows,) = checked.pop("datasets").values()
+    data = sent.pop("datasets")[name]
+    assert sent.pop("data") == {"name": name} and "name" in checked.pop("data")
+    assert sent == checked
+    assert len(data) == len(rows) == 4
+
+
+def test_the_audit_trend_says_its_lines_in_words() -> None:
+    frame = pd.DataFrame({"day": pd.to_datetime(["2026-11-20", "2026-11-21"], utc=True),
+                          "gpu_hours": [36.0, 16.0], "low_util_gpu_hours": [3.0, 0.5]})
+    sent = vega.spec(charts.trend_chart(frame))
+    (data,) = sent["datasets"].values()
+    assert set(data["series"]) == {"GPU-hours", "GPU-hours at low utilisation"}
+    assert set(data["date"]) == {"2026-11-20", "2026-11-21"}  # the tooltip's day, never a time of day
+    tooltip = json.dumps(sent["encoding"]["tooltip"])
+    assert "gpu_hours" not in tooltip and "timeUnit" not in tooltip
