@@ -32,8 +32,18 @@ def headers(frame: pd.DataFrame, given: Mapping[str, Any] | None = None) -> dict
     return config
 
 
+def filled(frame: pd.DataFrame) -> list[str]:
+    """The columns of ``frame`` that some row fills (a value that is neither missing nor empty text)."""
+    return [str(name) for name in frame.columns
+            if not frame[name].map(display_text.is_missing).all()]
+
+
 def show(frame: pd.DataFrame, *, column_config: Mapping[str, Any] | None = None, **kwargs: Any) -> Any:
-    """``st.dataframe`` with the missing mark and worded headers (``kwargs`` as ``st.dataframe``'s)."""
+    """``st.dataframe`` with the missing mark and worded headers (``kwargs`` as ``st.dataframe``'s). A
+    column no row fills (no job of the list in an array, none ended by jobsight) is left out of the view,
+    not of the data: a table of many columns scrolled sideways at 1,600 pixels for columns of dashes."""
+    if "column_order" not in kwargs and len(frame):
+        kwargs["column_order"] = filled(frame)
     kwargs.setdefault("hide_index", True)
     kwargs.setdefault("width", "stretch")
     return st.dataframe(frame, column_config=headers(frame, column_config), placeholder=display_text.MISSING,

@@ -94,6 +94,9 @@ def _table(frame: pd.DataFrame, name: str, *, job_links: bool = False, empty: st
     shown = frame.copy()
     if "state" in shown:
         shown["state"] = [display_text.state(s) for s in shown["state"]]
+    if "flags" in shown:
+        shown["flags"] = [", ".join(map(display_text.flag_label, f)) if isinstance(f, list) else ""
+                          for f in shown["flags"]]
     # A job whose prolog never named its user, account or partition: "unknown", never a "None" row.
     for column in ("user_name", "user", "account", "partition"):
         if column in shown:

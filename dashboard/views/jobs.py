@@ -31,6 +31,16 @@ FILTERS = [
           url_state.token_text(RANGE_TOKENS)),
     Param("below", "jobs_below", None, url_state.percent, url_state.percent_text),
 ]
+
+
+def _text_px(cells: pd.Series) -> int:
+    """A text column's width in pixels for its longest cell (about 6.5 pixels a character, with the
+    grid's padding): the grid sizes a column by its header and a sample of its rows, which cut a lone
+    "▲ straggler" or "idle GPUs, …" among empty cells to the width of the header."""
+    longest = max((len(str(c)) for c in cells), default=0)
+    return max(50, min(500, round(6.5 * longest) + 24))
+
+
 if viewer.is_admin:
     FILTERS.insert(0, Param("user", "jobs_user", "", str))
 elif "user" in st.query_params:
@@ -93,19 +103,26 @@ table = pd.DataFrame({
 })
 st.caption(f"{total} job(s); showing {len(table)}. Running jobs first. Mean utilisation is the whole run "
            "for ended jobs and the last hour for running ones; a running job's energy is so far (≥).")
+# A column no row fills (no job of an array in the list) is left out of the view, not of the data.
+shown = [name for name in table.columns if name != "array" or table["array"].astype(bool).any()]
 tables.show(
     table,
+    column_order=shown,
     column_config={
         "open": st.column_config.LinkColumn("open", display_text="open"),
         "array": st.column_config.TextColumn(help="a job array's tasks (job ids <array>_<task>), listed together"),
         "health": st.column_config.TextColumn(
+            width=_text_px(table["health"]),
             help="open findings: ● critical, ▲ warning, ○ info (details on the job page); ok: none open"),
         "mean util %": st.column_config.NumberColumn(
-            format="%.0f", help="ended jobs: the whole run; running jobs: the last hour"),
+            "util %", format="%.0f",
+            help="mean GPU utilisation; ended jobs: the whole run; running jobs: the last hour"),
         "energy": st.column_config.TextColumn(
             help="the GPUs' energy; ≥: a running job's so far; ≈: integrated from power, no energy counter"),
-        "flags": st.column_config.TextColumn(help="efficiency flags of the job's summary; its page says what to do"),
-        "started": st.column_config.DatetimeColumn("started (UTC)", format="YYYY-MM-DD HH:mm", timezone="UTC"),
+        "flags": st.column_config.TextColumn(
+            width=_text_px(table["flags"]), help="efficiency flags of the job's summary; its page says what to do"),
+        # The list's period is days or weeks: the month and day place a job, the year would widen the table.
+        "started": st.column_config.DatetimeColumn("start (UTC)", format="MM-DD HH:mm", timezone="UTC"),
         "elapsed": st.column_config.TextColumn(help="days-hours:minutes:seconds, as sacct prints it"),
     },
 )

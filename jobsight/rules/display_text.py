@@ -238,7 +238,7 @@ def duration(seconds: Any) -> str:
 # -- words for names -----------------------------------------------------------------------------------
 
 FLAG_LABEL: Final = {"idle_gpu": "idle GPUs", "low_utilization": "low utilisation",
-                     "memory_mostly_unused": "memory mostly unused"}
+                     "memory_mostly_unused": "low memory use"}
 FLAG_ADVICE: Final = {
     "idle_gpu": "At least one allocated GPU was idle (mean utilisation under {idle:.0f} %). "
                 "Request fewer GPUs (--gres=gpu:N) or make sure every rank uses its own GPU.",

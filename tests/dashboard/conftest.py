@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -11,6 +12,7 @@ import pytest
 import streamlit as st
 from streamlit.testing.v1 import AppTest
 
+from jobsight.dashboard import job_details
 from tests.conftest import REPO
 from tests.dashboard.seed import BigJob, Seed, seed, seed_big_job
 
@@ -58,6 +60,22 @@ def texts(at: AppTest) -> str:
     for frame in at.dataframe:
         parts.append(frame.value.to_csv())
     return "\n".join(str(p) for p in parts)
+
+
+def job_sections(app_as: Callable[..., AppTest], user: str, **query: str) -> dict[str, AppTest]:
+    """The job page opened once per details section (``details=<token>``), by token: the page draws one
+    section at a time (:mod:`jobsight.dashboard.job_details`), so a test of the whole page reads them all."""
+    return {token: app_as(user, "views/job.py", **query, **{job_details.PARAM: token}) for token in job_details.TOKENS}
+
+
+def chart_titles(at: AppTest) -> list[str]:
+    """The title of each chart the page draws, as its spec holds it (JSON: a title may be an object)."""
+    return [json.dumps(json.loads(chart.proto.spec).get("title")) for chart in at.get("vega_lite_chart")]
+
+
+def sections_texts(sections: dict[str, AppTest]) -> str:
+    """Everything the job page says in any of its sections (:func:`texts` of each, joined)."""
+    return "\n".join(texts(at) for at in sections.values())
 
 
 @pytest.fixture(scope="session")

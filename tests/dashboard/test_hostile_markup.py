@@ -24,6 +24,7 @@ from streamlit.testing.v1 import AppTest
 from jobsight.collector.store.partitions import PartitionKeeper
 from jobsight.collector.store.schema import PARTITIONED_TABLES
 from jobsight.dashboard.markup import plain
+from tests.dashboard.conftest import job_sections
 from tests.dashboard.seed import Seed
 
 UTC = dt.UTC
@@ -102,8 +103,10 @@ def markdown_sources(at: AppTest) -> list[str]:
 
 
 def test_the_job_page_shows_a_hostile_jobs_strings_as_text(app_as: Callable[..., AppTest], hostile: str) -> None:
-    at = app_as("alice", "views/job.py", cluster=hostile, job=JOB, t="[x](https://evil)")
-    assert not at.exception, [e.value for e in at.exception]
+    sections = job_sections(app_as, "alice", cluster=hostile, job=JOB, t="[x](https://evil)")
+    for at in sections.values():
+        assert not at.exception, [e.value for e in at.exception]
+    at = sections["metrics"]  # the header, health and window, drawn above whichever section is open
 
     assert [t.value for t in at.title] == [f"Job evil-1 · {NAME_ESCAPED}"]
     assert reading(at.title[0].value) == (f"Job evil-1 · {NAME}", [])
@@ -118,14 +121,15 @@ def test_the_job_page_shows_a_hostile_jobs_strings_as_text(app_as: Callable[...,
     assert message == r"\<\!channel\>/0 \[x\]\(https\://evil\) stayed under 5 % utilisation for the last 30 s or more."
     assert reading(message) == (FINDING_MESSAGE, [])
 
-    [hint] = [w.value for w in at.warning if "input" in w.value]
+    [hint] = [w.value for w in sections["profiles"].warning if "input" in w.value]
     assert hint == (r"\_input\_ \*\*bound\*\*\: see \[the fix\]\(https\://evil\) \!\[i\]\(https\://evil/i.png\) "
                     r"\$x\$ \@everyone")
     assert reading(hint) == (HINT, [])
 
-    # Every element that renders Markdown, ours included: no link, image or HTML anywhere.
-    for source in markdown_sources(at):
-        assert reading(source)[1] == [], source
+    # Every element that renders Markdown, ours included, in every section: no link, image or HTML anywhere.
+    for at in sections.values():
+        for source in markdown_sources(at):
+            assert reading(source)[1] == [], source
 
 
 @pytest.mark.parametrize(("text", "source", "shown"), [

@@ -28,7 +28,7 @@ def _ok(at: AppTest) -> None:
 
 def test_running_job_page_shows_its_epochs_and_energy_so_far(app_as: Callable[..., AppTest],
                                                                dashboard_env: Seed) -> None:
-    at = app_as("alice", "views/job.py", cluster=dashboard_env.cluster, job=dashboard_env.running)
+    at = app_as("alice", "views/job.py", cluster=dashboard_env.cluster, job=dashboard_env.running, details="energy")
     _ok(at)
     said = texts(at)
     assert "Energy per epoch" in said
@@ -53,7 +53,7 @@ def test_running_job_page_shows_its_epochs_and_energy_so_far(app_as: Callable[..
 
 
 def test_job_without_gpu_samples_says_it_has_no_energy(app_as: Callable[..., AppTest], dashboard_env: Seed) -> None:
-    at = app_as("alice", "views/job.py", cluster=dashboard_env.cluster, job=dashboard_env.alice_done)
+    at = app_as("alice", "views/job.py", cluster=dashboard_env.cluster, job=dashboard_env.alice_done, details="energy")
     _ok(at)
     assert "No GPU energy for this job yet" in texts(at)
     assert not any("J/sample" in d.value.columns for d in at.dataframe)
@@ -84,7 +84,7 @@ def test_job_page_and_audit_show_the_same_emissions(app_as: Callable[..., AppTes
     monkeypatch.setenv("JOBSIGHT_CARBON_PUE", "1.5")
     kwh = 2 * 1799 * 300 / J_PER_KWH
     kg = kwh * 1.5 * 250 / 1000
-    at = app_as("alice", "views/job.py", cluster=dashboard_env.cluster, job=dashboard_env.running)
+    at = app_as("alice", "views/job.py", cluster=dashboard_env.cluster, job=dashboard_env.running, details="energy")
     _ok(at)
     metrics = {m.label: m.value for m in at.metric}
     assert metrics["Energy, whole job (kWh)"] == display_text.energy(kwh, growing=True, unit=False)

@@ -57,3 +57,4 @@ def test_the_jobs_page_lists_an_arrays_tasks_together(app_as: Callable[..., AppT
     table = at.dataframe[0].value
     assert list(table["job"]) == [f"{array}_0", f"{array}_1", f"{array}_2", f"{array}-plain"]
     assert list(table["array"]) == [f"{array} (3 tasks)"] * 3 + [""]
+    assert "array" in at.dataframe[0].proto.column_order  # shown: a task of an array is listed

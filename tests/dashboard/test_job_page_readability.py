@@ -19,7 +19,7 @@ from jobsight.agent.training.context import process_owner
 from jobsight.dashboard import charts
 from jobsight.protocol.wire import now_us
 from tests.collector.helpers import gz, post
-from tests.dashboard.conftest import texts
+from tests.dashboard.conftest import job_sections, sections_texts
 from tests.dashboard.seed import Seed
 
 
@@ -99,18 +99,19 @@ def local_job(client: Any, job_id: str) -> str:
 def test_a_local_job_page_names_its_user_its_ranks_and_its_cpu_time(
     app_as: Callable[..., AppTest], local_job: str
 ) -> None:
-    at = app_as("root", "views/job.py", cluster="default", job=local_job)
-    assert not at.exception, [e.value for e in at.exception]
-    metrics = {m.label: m.value for m in at.metric}
-    assert metrics["User"] == pwd.getpwuid(os.getuid()).pw_name
-    assert metrics["Partition"] == "n/a"
-    logs = next(d.value for d in at.dataframe if "message" in d.value.columns).set_index("message")
+    sections = job_sections(app_as, "root", cluster="default", job=local_job)
+    for at in sections.values():
+        assert not at.exception, [e.value for e in at.exception]
+        metrics = {m.label: m.value for m in at.metric}
+        assert metrics["User"] == pwd.getpwuid(os.getuid()).pw_name
+        assert metrics["Partition"] == "n/a"
+    logs = next(d.value for d in sections["logs"].dataframe if "message" in d.value.columns).set_index("message")
     assert logs.loc["epoch 0 batch 0 loss 1.0", "rank"] == "0"  # display_text.rank: one process reads as such
-    breakdown = next(e.proto for e in at.get("vega_lite_chart")
+    breakdown = next(e.proto for e in sections["profiles"].get("vega_lite_chart")
                      if json.loads(e.proto.spec).get("title") == "Per-rank breakdown")
     shipped = [pa.ipc.open_stream(d.data.data).read_all() for d in breakdown.datasets]
     if breakdown.data.data:
         shipped.append(pa.ipc.open_stream(breakdown.data.data).read_all())
     categories = {c for table in shipped for c in table.column("category").to_pylist()}
     assert "other CPU (host) time" in categories and "GPU idle" not in categories
-    assert "idle" not in texts(at).lower().replace("gpu idle", "")
+    assert "idle" not in sections_texts(sections).lower().replace("gpu idle", "")

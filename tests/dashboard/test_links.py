@@ -137,7 +137,9 @@ def _scroll_scripts(at: AppTest) -> list[str]:
 def test_a_job_link_with_t_opens_the_window_around_it_and_scrolls_there_once(
         app_as: Callable[..., AppTest], dashboard_env: Seed, database_url: str) -> None:
     moment = _running_since(database_url, dashboard_env) + dt.timedelta(minutes=15)
-    at = app_as("alice", "views/job.py", **links.job_query(dashboard_env.cluster, dashboard_env.running, moment))
+    # On its logs, for their level filter: a widget of the page's own to rerun it with.
+    at = app_as("alice", "views/job.py", **links.job_query(dashboard_env.cluster, dashboard_env.running, moment),
+                details="logs")
     _ok(at)
     heading = next(s for s in at.subheader if s.value.startswith("Around"))
     assert heading.value == f"Around {moment:%Y-%m-%d %H:%M:%S} UTC" and heading.proto.anchor == "moment"

@@ -29,7 +29,7 @@ from jobsight.collector.store.partitions import PartitionKeeper
 from jobsight.collector.store.schema import PARTITIONED_TABLES
 from jobsight.rules import display_text, links
 from jobsight.rules.report_text import format_report
-from tests.dashboard.conftest import texts
+from tests.dashboard.conftest import job_sections, texts
 from tests.dashboard.seed import Seed
 
 UTC = dt.UTC
@@ -152,7 +152,7 @@ def test_a_running_jobs_energy_in_the_list_is_its_pages_figure(app_as: Callable[
     listing = app_as("alice")
     _ok(listing)
     cell = listing.dataframe[0].value.set_index("job").loc[dashboard_env.running, "energy"]
-    page = app_as("alice", "views/job.py", cluster=dashboard_env.cluster, job=dashboard_env.running)
+    page = app_as("alice", "views/job.py", cluster=dashboard_env.cluster, job=dashboard_env.running, details="energy")
     _ok(page)
     figure = {m.label: m.value for m in page.metric}["GPUs (kWh)"]
     assert figure.startswith(display_text.GROWING) and cell == f"{figure} kWh"
@@ -161,8 +161,10 @@ def test_a_running_jobs_energy_in_the_list_is_its_pages_figure(app_as: Callable[
 @pytest.mark.parametrize("page", ["jobs", "job", "audit", "actions", "attention"])
 def test_no_page_shows_none_nan_snake_case_or_negative_memory(app_as: Callable[..., AppTest], words: Words,
                                                               page: str) -> None:
-    if page == "job":
-        at = app_as("root", "views/job.py", cluster=words.cluster, job=words.slurm)
+    sections: dict[str, AppTest] = {}
+    if page == "job":  # each of its details sections, drawn one at a time
+        sections = job_sections(app_as, "root", cluster=words.cluster, job=words.slurm)
+        at = sections["profiles"]
         at.selectbox(key="profile_id").set_value("prof-w").run()
     elif page == "audit":
         at = app_as("root", "views/audit.py", **links.audit_query(words.start.date(), words.start.date()))
@@ -171,12 +173,13 @@ def test_no_page_shows_none_nan_snake_case_or_negative_memory(app_as: Callable[.
         at.selectbox(key="jobs_range").set_value("all time").run()
     else:
         at = app_as("root", f"views/{page}.py")
-    _ok(at)
-    _clean(at)
+    for shown in list(sections.values()) or [at]:
+        _ok(shown)
+        _clean(shown)
     if page == "job":
-        ops = next(d.value for d in at.dataframe if "cpu_memory_bytes" in d.value.columns)
+        ops = next(d.value for d in sections["profiles"].dataframe if "cpu_memory_bytes" in d.value.columns)
         assert list(ops["cpu_memory_bytes"]) == ["frees 2.0 MB"] and list(ops["device_memory_bytes"]) == ["3.0 GB"]
-        logs = next(d.value for d in at.dataframe if "message" in d.value.columns)
+        logs = next(d.value for d in sections["logs"].dataframe if "message" in d.value.columns)
         assert list(logs["rank"]) == [display_text.SINGLE_PROCESS]
     if page == "audit":
         users = set(at.dataframe[0].value["user"])

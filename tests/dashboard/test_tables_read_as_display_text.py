@@ -62,7 +62,7 @@ def test_the_epoch_tables_energy_reads_as_the_metrics_above_it(app_as: Callable[
                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("JOBSIGHT_CARBON_INTENSITY_G_PER_KWH", "250")
     monkeypatch.setenv("JOBSIGHT_CARBON_PUE", "1.5")
-    at = app_as("alice", "views/job.py", cluster=dashboard_env.cluster, job=dashboard_env.running)
+    at = app_as("alice", "views/job.py", cluster=dashboard_env.cluster, job=dashboard_env.running, details="energy")
     _ok(at)
     metrics = {m.label: m.value for m in at.metric}
     kg_per_kwh = 1.5 * 250 / 1000
