@@ -603,8 +603,9 @@ def breakdown_px(breakdown: pd.DataFrame) -> int:
     return element_px(BAR_PX * breakdown["rank"].nunique(), [legend_px(breakdown["category"].nunique())])
 
 
-TREND_SERIES: Final = {"gpu_hours": "GPU-hours", "low_util_gpu_hours": "GPU-hours at low utilisation"}
-"""The audit trend's lines and the words their legend and tooltip give them."""
+TREND_SERIES: Final = {"gpu_hours": "GPU-hours", "low_util_gpu_hours": "low-util GPU-hours"}
+"""The audit trend's lines and the words their legend and tooltip give them (the table's headers; Vega
+cuts a legend's label past 160 pixels: "GPU-hours at low utilisat…")."""
 
 
 def trend_chart(trend: pd.DataFrame) -> alt.Chart:
@@ -615,8 +616,11 @@ def trend_chart(trend: pd.DataFrame) -> alt.Chart:
     long = hours.melt(id_vars=["day"], value_vars=list(TREND_SERIES), var_name="series", value_name="hours")
     long = long.assign(series=long["series"].map(TREND_SERIES),
                        date=pd.to_datetime(long["day"], utc=True).dt.strftime("%Y-%m-%d"))
+    # A tick a day at most: ticks every 12 hours labelled by their day read 2026-11-22, 2026-11-22, …
+    x = time_x(None, "day", title=f"day ({TIME_ZONE})", time_format="%Y-%m-%d")
+    x = x.axis(format="%Y-%m-%d", labelOverlap=True, tickCount={"interval": "day", "step": 1})
     return alt.Chart(long).mark_line(point=True).encode(
-        x=time_x(None, "day", title=f"day ({TIME_ZONE})", time_format="%Y-%m-%d"),
+        x=x,
         y=alt.Y("hours:Q", title="GPU-hours"), color=alt.Color("series:N", title=None),
         tooltip=[alt.Tooltip("date:N", title=f"day ({TIME_ZONE})"), alt.Tooltip("series:N", title="what"),
                  alt.Tooltip("hours:Q", format=".2f", title="GPU-hours")])

@@ -73,7 +73,10 @@ def test_the_audit_trend_says_its_lines_in_words() -> None:
                           "gpu_hours": [36.0, 16.0], "low_util_gpu_hours": [3.0, 0.5]})
     sent = vega.spec(charts.trend_chart(frame))
     (data,) = sent["datasets"].values()
-    assert set(data["series"]) == {"GPU-hours", "GPU-hours at low utilisation"}
+    assert set(data["series"]) == {"GPU-hours", "low-util GPU-hours"}
     assert set(data["date"]) == {"2026-11-20", "2026-11-21"}  # the tooltip's day, never a time of day
     tooltip = json.dumps(sent["encoding"]["tooltip"])
     assert "gpu_hours" not in tooltip and "timeUnit" not in tooltip
+    # A tick a day at most, so no day is labelled twice.
+    assert sent["encoding"]["x"]["axis"]["tickCount"] == {"interval": "day", "step": 1}  # UTC days: a utc scale
+    core.TopLevelSpec.validate({key: value for key, value in sent.items() if key != "datasets"})
