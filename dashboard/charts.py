@@ -234,7 +234,10 @@ def _with_markers(chart: alt.Chart | alt.LayerChart, overlay: alt.LayerChart | N
     one, and every time chart of the page carries it."""
     if overlay is None:
         return chart
-    return alt.layer(chart, overlay).resolve_scale(color="independent").properties(title=chart.title)
+    # Built directly: alt.layer() merges and deep-copies its charts' parameters, 12 ms a chart here
+    # against 1.4 ms, and these charts have none to merge.
+    return alt.LayerChart(layer=[chart, overlay], title=chart.title,
+                          resolve=alt.Resolve(scale=alt.ScaleResolveMap(color="independent")))
 
 
 CHART_FRAME_PX: Final = 110

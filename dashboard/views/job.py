@@ -121,17 +121,30 @@ def header() -> None:
 def gpus(span: dt.timedelta | None) -> None:
     """The GPUs over the chosen window (``span``: its last minutes or hours, ``None``: the whole run)."""
     st.subheader("GPUs")
-    job = data.open_job(viewer, ref.cluster, ref.job_id).job or first
-    domain = time_window.clip(_domain(job), span)
     series = data.gpu_series(ref, settings.heatmap_cells, settings.chart_points, span)
     if series.empty:
         st.info("No GPU samples for this job: no node daemon or in-process sampler has reported yet.")
         return
     frame = charts.gpu_frame(series)
-    overlay = charts.marker_layer(data.markers(ref), domain)
-    vega.show(charts.gpu_heatmap(frame, domain), charts.heatmap_height(frame))
+    vega.show(charts.gpu_heatmap(frame, time_window.clip(_domain(_job()), span)), charts.heatmap_height(frame))
     if note := charts.sampling_note(frame):
         st.caption(note)
+
+
+def _job() -> dict[str, Any]:
+    return data.open_job(viewer, ref.cluster, ref.job_id).job or first
+
+
+@st.fragment(run_every=every)
+def node_lines(span: dt.timedelta | None) -> None:
+    """Each chosen node's GPUs, a line each, of one metric (utilisation, memory, power, temperature)."""
+    series = data.gpu_series(ref, settings.heatmap_cells, settings.chart_points, span)
+    if series.empty:
+        st.info("No GPU samples for this job: no node daemon or in-process sampler has reported yet.")
+        return
+    frame = charts.gpu_frame(series)
+    domain = time_window.clip(_domain(_job()), span)
+    overlay = charts.marker_layer(data.markers(ref), domain)
     nodes = sorted(frame["node"].dropna().unique())
     shown = st.multiselect("Nodes", nodes, default=nodes[:2], key="job_nodes")
     # Lazy tabs: only the open tab's charts are built and sent; the others are drawn when opened.
@@ -338,12 +351,15 @@ st.radio("Time window", list(time_window.SPANS), key=time_window.KEY, horizontal
 span = time_window.span(st.session_state.get(time_window.KEY))
 gpus(span)
 training(span)
-# The details, one at a time: a page that drew them all at once took as long again to open, and a
-# researcher opening a job looks first at its GPUs and steps (jobsight.dashboard.job_details).
-st.radio("Details", list(job_details.SECTIONS), key=job_details.KEY, horizontal=True, label_visibility="collapsed")
+# The details, one at a time and none until chosen (jobsight.dashboard.job_details).
+st.radio("Details", list(job_details.SECTIONS), key=job_details.KEY, horizontal=True,
+         help="One at a time, drawn when chosen: the page opens on what a job is judged by, its health, GPUs "
+              "and steps.")
 url_state.store([window, details])
 shown = st.session_state.get(job_details.KEY)
-if shown == job_details.METRICS:
+if shown == job_details.NODES:
+    node_lines(span)
+elif shown == job_details.METRICS:
     training_metrics(span)
 elif shown == job_details.ENERGY:
     job_epochs.show(ref, running, every)

@@ -259,16 +259,22 @@ def test_no_chart_of_the_job_page_is_squashed(browser: Any, seeded: Seed, databa
     least = charts.MIN_PLOT_PX + charts.CHART_FRAME_PX
     with Up(tmp_path / "data", tmp_path / "up.log", env={"JOBSIGHT_DATABASE_URL": database_url,
                                                          "JOBSIGHT_DASHBOARD_CLUSTER": seeded.cluster}) as up:
-        query = urlencode({"cluster": seeded.cluster, "job": seeded.running, "window": "all"})
-        driver.get(f"http://127.0.0.1:{up.dashboard_port}/job?{query}")
         drawn: Callable[[], list[Any]] = lambda: driver.find_elements(  # noqa: E731
             By.CSS_SELECTOR, '[data-testid="stVegaLiteChart"]')
-        _wait(lambda: len(drawn()) >= 6, 90, "the job page's charts")
-        _wait(lambda: not driver.find_elements(
-            By.CSS_SELECTOR, '[data-testid="stStatusWidget"] [data-testid="stStatusWidgetRunningIcon"]'),
-            30, "the script run to finish")
-        heights = [element.size["height"] for element in drawn() if element.is_displayed()]
-        driver.save_screenshot(str(tmp_path / "job_page.png"))
-        # The first is the heatmap, sized by its rows (two GPUs: 90 pixels and its frame) as before.
-        assert len(heights) >= 6 and min(heights[1:]) >= least, [(e.location, e.size) for e in drawn()]
+        heights: list[int] = []
+        # What the page always draws (heatmap, steps, throughput) and, a details section each, the nodes'
+        # GPU lines and the training metrics.
+        for details in ("nodes", "metrics"):
+            query = urlencode({"cluster": seeded.cluster, "job": seeded.running, "window": "all", "details": details})
+            driver.get(f"http://127.0.0.1:{up.dashboard_port}/job?{query}")
+            _wait(lambda: len(drawn()) >= 4, 90, f"the job page's charts ({details})")
+            _wait(lambda: not driver.find_elements(
+                By.CSS_SELECTOR, '[data-testid="stStatusWidget"] [data-testid="stStatusWidgetRunningIcon"]'),
+                30, "the script run to finish")
+            shown = [element.size["height"] for element in drawn() if element.is_displayed()]
+            driver.save_screenshot(str(tmp_path / f"job_page_{details}.png"))
+            # The first is the heatmap, sized by its rows (two GPUs: 90 pixels and its frame) as before.
+            assert len(shown) >= 4 and min(shown[1:]) >= least, [(e.location, e.size) for e in drawn()]
+            heights += shown[1:]
+        assert len(heights) >= 7  # steps, throughput and a node's lines; steps, throughput, loss and lr
         assert up.interrupt() == 0

@@ -38,9 +38,10 @@ def _charts(at: AppTest) -> list[dict[str, Any]]:
 
 def test_every_time_axis_of_the_job_page_is_24_hour_utc(app_as: Callable[..., AppTest], dashboard_env: Seed) -> None:
     # All of the 30-minute run: the running job's default window, its last 15 minutes, labels seconds too.
-    at = app_as("alice", "views/job.py", cluster=dashboard_env.cluster, job=dashboard_env.running, window="all")
-    assert not at.exception, [e.value for e in at.exception]
-    specs = _charts(at)
+    sections = job_sections(app_as, "alice", cluster=dashboard_env.cluster, job=dashboard_env.running, window="all")
+    for at in sections.values():
+        assert not at.exception, [e.value for e in at.exception]
+    specs = [spec for at in sections.values() for spec in _charts(at)]
     titles = [json.dumps(spec.get("title")) for spec in specs]
     assert any("Throughput" in title for title in titles), titles  # the chart that read 06:35
     axes = [(title, x) for spec, title in zip(specs, titles, strict=True) for x in _time_axes(spec)]

@@ -222,7 +222,8 @@ def _marks_drawn(at: AppTest) -> list[tuple[str, str]]:
 
 
 def test_the_job_page_marks_its_xid_on_the_timeline(app_as: Callable[..., AppTest], suspects: str) -> None:
-    at = app_as("alice", "views/job.py", cluster=suspects, job="x-1", window="all")  # the Xid is 20 min back
+    # The Xid is 20 min back; the job has no steps, so its nodes' GPU lines carry the markers.
+    at = app_as("alice", "views/job.py", cluster=suspects, job="x-1", window="all", details="nodes")
     _ok(at)
     drawn = _marks_drawn(at)
     assert drawn, "no chart carried the timeline markers"
