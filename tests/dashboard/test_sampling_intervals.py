@@ -339,8 +339,9 @@ def test_each_job_page_draws_lines_across_the_run(chromium: Any, sampled: Sample
     with Up(tmp_path / "data", tmp_path / "up.log", env={"JOBSIGHT_DATABASE_URL": database_url,
                                                          "JOBSIGHT_DASHBOARD_CLUSTER": sampled.cluster}) as up:
         for name, job in sampled.jobs.items():
-            # All of each run: the outage is 15 to 20 minutes before the end, past the default window.
-            query = urlencode({"cluster": sampled.cluster, "job": job.job_id, "window": "all"})
+            # All of each run (the outage is 15 to 20 minutes before the end, past the default window), with
+            # the nodes' GPU lines.
+            query = urlencode({"cluster": sampled.cluster, "job": job.job_id, "window": "all", "details": "nodes"})
             driver.get(f"http://127.0.0.1:{up.dashboard_port}/job?{query}")
 
             def drawn() -> bool:
