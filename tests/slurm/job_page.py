@@ -11,8 +11,9 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 
 
-def open_job_page(database_url: str, job: str, monkeypatch: pytest.MonkeyPatch) -> Any:
-    """The rendered page (a ``streamlit.testing.v1.AppTest``), checked to have raised nothing."""
+def open_job_page(database_url: str, job: str, monkeypatch: pytest.MonkeyPatch, **query: str) -> Any:
+    """The rendered page (a ``streamlit.testing.v1.AppTest``), checked to have raised nothing; ``query``:
+    more of its address (``details="profiles"`` opens its profiles, jobsight.dashboard.job_details)."""
     import streamlit as st
     from streamlit.testing.v1 import AppTest
 
@@ -23,7 +24,7 @@ def open_job_page(database_url: str, job: str, monkeypatch: pytest.MonkeyPatch) 
     at = AppTest.from_file(str(REPO / "dashboard" / "app.py"), default_timeout=60)
     at.user = {"is_logged_in": True, "preferred_username": "root"}
     at.run()
-    at.query_params.update({"cluster": "default", "job": job})
+    at.query_params.update({"cluster": "default", "job": job, **query})
     at.switch_page("views/job.py").run()
     assert not at.exception, [e.value for e in at.exception]
     return at

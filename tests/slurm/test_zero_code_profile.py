@@ -48,8 +48,8 @@ def test_a_job_without_the_callback_is_profiled_from_the_job_page(
     try:
         cluster.wait_for(f"job {job} registered", lambda: bool(cluster.scalar(
             "SELECT count(*) FROM jobs WHERE job_id = %s AND state = 'running'", job)))
-        # The job page, as an admin sees it, with the form a user fills in.
-        at = open_job_page(cluster.database_url, job, monkeypatch)
+        # The job page, as an admin sees it, on its profiles with the form a user fills in.
+        at = open_job_page(cluster.database_url, job, monkeypatch, details="profiles")
         at.number_input[0].set_value(3)
         next(b for b in at.button if b.label == "Request profile").click().run()
         assert any("Profile request" in s.value for s in at.success)
