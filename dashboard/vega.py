@@ -22,6 +22,7 @@ import pandas as pd
 import streamlit as st
 
 TRANSFORMER: Final = "jobsight_named_datasets"
+TITLE_ROOM_PX: Final = 4
 _LOCK = threading.Lock()
 """Altair's theme and data transformer are process-wide; pages render in threads of one process."""
 
@@ -53,6 +54,9 @@ def spec(chart: alt.TopLevelMixin) -> dict[str, Any]:
     with _LOCK, alt.theme.enable("none"), alt.data_transformers.enable(TRANSFORMER, datasets=datasets):
         out: dict[str, Any] = chart.to_dict(validate=False)
     out["datasets"] = {**(out.get("datasets") or {}), **datasets}
+    # Streamlit pads a chart's bottom only; a title on the drawing's top edge then had the top of its
+    # line box (the font's ascent, a few pixels above the capitals) outside the chart's own box.
+    out.setdefault("padding", {"top": TITLE_ROOM_PX})
     return out
 
 

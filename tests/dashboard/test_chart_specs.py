@@ -64,6 +64,7 @@ def test_what_vega_sends_is_what_altair_checks() -> None:
     (rows,) = checked.pop("datasets").values()
     data = sent.pop("datasets")[name]
     assert sent.pop("data") == {"name": name} and "name" in checked.pop("data")
+    assert sent.pop("padding") == {"top": vega.TITLE_ROOM_PX}  # room above the title; Streamlit pads the bottom
     assert sent == checked
     assert len(data) == len(rows) == 4
 

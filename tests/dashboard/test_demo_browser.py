@@ -33,6 +33,7 @@ from urllib.parse import urlencode
 
 import pytest
 
+from jobsight.dashboard import job_details
 from tests.collector.test_up import Up
 from tests.dashboard.test_browser import _wait, headless_chromium
 
@@ -481,6 +482,12 @@ def test_demo_at_thirty_minutes(chromium: Any, tmp_path: Path) -> None:
         step = driver.execute_script(CHART_TITLED, "Step time across 16 ranks")
         assert step is not None and "rank 11 (straggler)" in step.text, "the step chart's legend names the straggler"
         problems += _page_problems(driver, "job")
+        # Each of its details, drawn when chosen (jobsight.dashboard.job_details): tables and charts of their own.
+        for token, section in job_details.TOKENS.items():
+            _open_and_keep(driver, f"{job_url}&{urlencode({job_details.PARAM: token})}",
+                           lambda section=section: section in _body(driver) and _settled(driver),
+                           f"the job page's {section}", tmp_path, f"demo30-job-{token}")
+            problems += _page_problems(driver, f"job ({section})")
 
         base = f"http://127.0.0.1:{up.dashboard_port}"
         frames = '[data-testid="stDataFrame"]'
