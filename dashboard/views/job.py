@@ -88,9 +88,14 @@ def _advice(job: dict[str, Any]) -> None:
                    + plain(display_text.flag_advice(flag, thresholds)), icon=":material/lightbulb:")
 
 
+def _job() -> dict[str, Any]:
+    """The job as it is now (a fragment's rerun reads it again), else as the page first read it."""
+    return data.open_job(viewer, ref.cluster, ref.job_id).job or first
+
+
 @st.fragment(run_every=every)
 def header() -> None:
-    job = data.open_job(viewer, ref.cluster, ref.job_id).job or first
+    job = _job()
     domain = _domain(job)
     # Every string a job supplied goes through plain(): these elements render Markdown.
     st.title(f"Job {plain(job['job_id'])}" + (f" · {plain(job['name'])}" if job.get("name") else ""))
@@ -131,10 +136,6 @@ def gpus(span: dt.timedelta | None) -> None:
         st.caption(note)
 
 
-def _job() -> dict[str, Any]:
-    return data.open_job(viewer, ref.cluster, ref.job_id).job or first
-
-
 @st.fragment(run_every=every)
 def node_lines(span: dt.timedelta | None) -> None:
     """Each chosen node's GPUs, a line each, of one metric (utilisation, memory, power, temperature)."""
@@ -161,7 +162,7 @@ def node_lines(span: dt.timedelta | None) -> None:
 @st.fragment(run_every=every)
 def training(span: dt.timedelta | None) -> None:
     """Steps and throughput over the chosen window (as :func:`gpus`)."""
-    job = data.open_job(viewer, ref.cluster, ref.job_id).job or first
+    job = _job()
     domain = time_window.clip(_domain(job), span)
     marks = data.markers(ref)
     overlay = charts.marker_layer(marks, domain)
@@ -193,7 +194,7 @@ def training(span: dt.timedelta | None) -> None:
 @st.fragment(run_every=every)
 def training_metrics(span: dt.timedelta | None) -> None:
     """The training metrics over the chosen window (as :func:`gpus`), and the timeline's markers."""
-    job = data.open_job(viewer, ref.cluster, ref.job_id).job or first
+    job = _job()
     domain = time_window.clip(_domain(job), span)
     marks = data.markers(ref)
     metrics = data.metric_series(ref, settings.line_points, settings.chart_points, span)
