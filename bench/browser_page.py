@@ -62,6 +62,7 @@ from jobsight.collector.query import series as queries  # noqa: E402
 from jobsight.collector.query.jobs import get_job  # noqa: E402
 from jobsight.collector.store.embedded_db import free_port  # noqa: E402
 from jobsight.commands.dashboard import streamlit_argv  # noqa: E402
+from jobsight.dashboard import time_window  # noqa: E402
 from jobsight.dashboard.settings import DashboardSettings, load_dashboard_settings  # noqa: E402
 from tests.dashboard.seed import BigJob, seed_big_job  # noqa: E402
 
@@ -86,19 +87,16 @@ return [charts.length, drawn, running, failed];
 
 
 def page_reads(job: str, settings: DashboardSettings) -> dict[str, Callable[[psycopg.Connection[Any]], Any]]:
-    """What the job page reads, in the order it reads it (jobsight.dashboard.views.job), by part."""
-    cells, most = settings.heatmap_cells, settings.chart_points
+    """What the job page reads as it opens, in the order it reads it (jobsight.dashboard.views.job), by
+    part: a running job's recent window (time_window.RECENT), and no details section (none is chosen)."""
+    cells, most, span = settings.heatmap_cells, settings.chart_points, time_window.SPANS[time_window.RECENT]
     return {
         "job": lambda conn: get_job(conn, CLUSTER, job),
-        "gpus": lambda conn: grids.read_gpu_grid(conn, CLUSTER, job, cells, most),
+        "gpus": lambda conn: grids.read_gpu_grid(conn, CLUSTER, job, cells, most, span=span),
         "markers": lambda conn: (log_queries.log_events(conn, CLUSTER, job, level="WARNING", limit=200),
                                  queries.epoch_starts(conn, CLUSTER, job),
                                  profile_queries.profile_windows(conn, CLUSTER, job)),
-        "steps": lambda conn: grids.read_step_grid(conn, CLUSTER, job, cells, most),
-        "metrics": lambda conn: grids.read_metric_grid(conn, CLUSTER, job, settings.line_points, most),
-        "logs+profiles": lambda conn: (log_queries.log_events(conn, CLUSTER, job, level="DEBUG", limit=500),
-                                       profile_queries.list_profiles(conn, CLUSTER, job),
-                                       profile_queries.profile_requests(conn, CLUSTER, job)),
+        "steps": lambda conn: grids.read_step_grid(conn, CLUSTER, job, cells, most, span=span),
     }
 
 

@@ -27,6 +27,7 @@ import pandas as pd
 from jobsight.collector.query.bucket_merge import merge_buckets
 from jobsight.collector.query.grids import MIN_SERIES_POINTS, points_per_series
 from jobsight.collector.query.rank_outliers import BAND_QUANTILES, StepView
+from jobsight.dashboard import vega
 
 Domain = tuple[dt.datetime, dt.datetime]
 
@@ -341,7 +342,13 @@ def gpu_heatmap(frame: pd.DataFrame, domain: Domain) -> alt.Chart:
 
     Cells are what the browser spends its time on (a 64-GPU job's window is 8,000 of them), so each
     costs it as little as can be: its colour is its only scaled channel, and its tooltip one line of
-    text written here (:func:`cell_tips`), not three fields Vega formats for every cell as it draws."""
+    text written here (:func:`cell_tips`), not three fields Vega formats for every cell as it draws.
+
+    Streamlit's Vega interprets every expression a cell needs (it runs no generated code), so the spec
+    asks for as few as it can: the GPUs' order as the y scale's domain (a sort compiles to a chain of
+    one comparison a GPU, for every cell), the times as sent (:func:`vega.as_sent`, no parse a cell),
+    the tooltip as the cell's own text, and no ARIA description a cell (eight thousand descriptions no
+    screen reader reads out; the chart keeps its own)."""
     gpus = frame["gpu"].nunique()
     cells = frame[["gpu", "bucket", "util_gpu"]].assign(end=bucket_ends(frame, domain))  # only what is drawn
     cells = cells.assign(tip=cell_tips(cells))
@@ -350,11 +357,13 @@ def gpu_heatmap(frame: pd.DataFrame, domain: Domain) -> alt.Chart:
     # Each cell reaches half a pixel into the next: cells about a pixel wide (a window at its sampling
     # interval) otherwise leave anti-aliased seams, a stripe every few pixels that reads as data. (A
     # hairline stroke of the cell's colour did the same at the cost of a second colour scale a cell.)
-    return alt.Chart(cells).mark_rect(clip=True, x2Offset=HEATMAP_OVERLAP_PX).encode(
+    return alt.Chart(vega.as_sent(cells)).mark_rect(
+        clip=True, x2Offset=HEATMAP_OVERLAP_PX, aria=False, tooltip=alt.ExprRef(expr="datum.tip"),
+    ).encode(
         x=time_x(domain), x2="end:T",
-        y=alt.Y("gpu:N", sort=order, title=None, axis=alt.Axis(labelOverlap=True, labelFontSize=9)),
+        y=alt.Y("gpu:N", scale=alt.Scale(domain=order), title=None,
+                axis=alt.Axis(labelOverlap=True, labelFontSize=9)),
         color=alt.Color("util_gpu:Q", title="util %", scale=utilisation),
-        tooltip=alt.Tooltip("tip:N"),
     ).properties(height=_heatmap_px(gpus), title="GPU utilisation, every GPU")
 
 

@@ -25,12 +25,19 @@ APP = Path(jobsight.dashboard.__file__).resolve().parent / "app.py"
 def streamlit_argv(host: str, port: int) -> list[str]:
     """The command that serves the dashboard on ``host:port``, headless, with no usage stats, and
     without Streamlit's developer toolbar: its "Deploy" button offers to publish the dashboard to
-    Streamlit's cloud, which is no part of jobsight (``minimal`` keeps only what the app sets)."""
+    Streamlit's cloud, which is no part of jobsight (``minimal`` keeps only what the app sets).
+
+    Two of Streamlit's conveniences for a script's author are off, as a served dashboard needs neither:
+    "magic", which rewrites each page's source so that a bare expression is drawn (it drew a stray
+    docstring on a page once, and rewriting the job page cost 75 ms of every page opened when no
+    other session was open, as Streamlit then drops its compiled pages), and the watch on the
+    source files, which reruns pages when the installed code changes."""
     return [
         sys.executable, "-m", "streamlit", "run", str(APP),
         "--server.address", host, "--server.port", str(port),
         "--server.headless", "true", "--browser.gatherUsageStats", "false",
         "--client.toolbarMode", "minimal",
+        "--runner.magicEnabled", "false", "--server.fileWatcherType", "none",
     ]
 
 

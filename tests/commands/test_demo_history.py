@@ -87,9 +87,11 @@ def test_the_demo_sink_keeps_what_apprise_sends(tmp_path: Path) -> None:
     assert "rank 11 has stopped stepping" in (tmp_path / "alerts.log").read_text()
 
 
-def test_the_dashboard_runs_without_the_deploy_toolbar() -> None:
+def test_the_dashboard_runs_without_the_deploy_toolbar_magic_or_a_source_watch() -> None:
     argv = streamlit_argv("127.0.0.1", 8501)
-    assert argv[argv.index("--client.toolbarMode") + 1] == "minimal"
+    options = dict(zip(argv[5::2], argv[6::2], strict=True))
+    assert options["--client.toolbarMode"] == "minimal"
+    assert options["--runner.magicEnabled"] == "false" and options["--server.fileWatcherType"] == "none"
 
 
 def test_up_without_demo_adds_nothing(tmp_path: Path) -> None:

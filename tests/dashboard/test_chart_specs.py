@@ -81,3 +81,27 @@ def test_the_audit_trend_says_its_lines_in_words() -> None:
     # A tick a day at most, so no day is labelled twice.
     assert sent["encoding"]["x"]["axis"]["tickCount"] == {"interval": "day", "step": 1}  # UTC days: a utc scale
     core.TopLevelSpec.validate({key: value for key, value in sent.items() if key != "datasets"})
+
+
+def test_a_heatmap_cell_needs_no_expression_but_its_tooltip_and_the_filter() -> None:
+    """Streamlit's Vega interprets every expression a cell needs, for every cell (8,000 on a 64-GPU
+    page): the heatmap's spec asks for none that it can do without. Its GPUs' order is the y scale's
+    domain (a sort compiles to one comparison a GPU, per cell), its times go as sent (no ``toDate()``
+    a field and a cell), its tooltip is the cell's own text and its cells have no ARIA description."""
+    start = pd.Timestamp("2026-11-27T23:00:00Z")
+    gpus = [f"n{node:02d}:{index}" for node in (1, 2) for index in range(12)]
+    frame = pd.DataFrame([{"node": g.split(":")[0], "gpu": g, "bucket": start + pd.Timedelta(seconds=s),
+                           "util_gpu": float(s), "bucket_s": 1.0} for g in gpus for s in range(3)])
+    domain = (start.to_pydatetime(), (start + pd.Timedelta(seconds=3)).to_pydatetime())
+    sent = vega.spec(charts.gpu_heatmap(frame, domain))
+    _check([{**sent, "datasets": {}}])  # the frames go beside the spec, as Arrow (see vega.spec)
+    y = sent["encoding"]["y"]
+    assert "sort" not in y and y["scale"]["domain"] == gpus  # in number order: n01:2 before n01:10
+    assert sent["data"]["format"] == {"parse": None}
+    (cells,) = sent["datasets"].values()
+    assert str(cells["bucket"].dtype).startswith("datetime64") and cells["bucket"].dt.tz is not None  # sent as UTC
+    assert sent["mark"]["aria"] is False and sent["mark"]["tooltip"] == {"expr": "datum.tip"}
+    assert "tooltip" not in sent["encoding"] and cells["tip"].iloc[0] == "n01:0 · 2026-11-27 23:00:00 UTC · 0 %"
+    # The other charts keep Vega-Lite's parse: their tooltips format times with a time unit.
+    assert "format" not in vega.spec(charts.trend_chart(pd.DataFrame(
+        {"day": pd.to_datetime(["2026-11-20"], utc=True), "gpu_hours": [1.0], "low_util_gpu_hours": [0.0]})))["data"]

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import datetime as dt
+import json
+import re
 from collections.abc import Callable
 
 from streamlit.testing.v1 import AppTest
@@ -26,6 +28,12 @@ def test_jobs_page_shows_only_the_users_own_jobs_running_first(app_as: Callable[
     assert list(table["job"]) == [dashboard_env.running, dashboard_env.alice_done]
     assert set(table["user"]) == {"alice"}
     assert table["open"][0] == f"job?cluster={dashboard_env.cluster}&job={dashboard_env.running}"
+    # The id is the link: the grid shows what the link's display pattern takes from it (JavaScript's
+    # regular expressions read this pattern as Python's do), under "job", and no second id column.
+    link = json.loads(at.dataframe[0].proto.columns)["open"]
+    assert link["label"] == "job" and "job" not in at.dataframe[0].proto.column_order
+    shown = [re.search(link["type_config"]["display_text"], url) for url in table["open"]]
+    assert [m.group(1) if m else None for m in shown] == list(table["job"])
     # No job of an array listed: the empty column is left out of the view (the table fits at 1600 px).
     assert "array" in table and "array" not in at.dataframe[0].proto.column_order
     assert "b1-idle" not in texts(at)
