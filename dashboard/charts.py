@@ -222,13 +222,14 @@ def marker_layer(markers: pd.DataFrame, domain: Domain) -> alt.LayerChart | None
         return None
     base = alt.Chart(thin_epochs(inside))
     bands = base.transform_filter(alt.datum.kind == "profile").mark_rect(opacity=0.15, clip=True).encode(
-        x=time_x(domain, "start"), x2="end:T",
+        x=time_x(domain, "start"), x2=alt.X2("end"),
         color=alt.Color("kind:N", scale=MARKER_COLOURS, title="marker"),
-        tooltip=["label:N", time_tooltip("start", "start"), time_tooltip("end", "end")])
+        tooltip=[_text_tip("label"), time_tooltip("start", "start"), time_tooltip("end", "end")])
     rules = base.transform_filter(alt.datum.kind != "profile").mark_rule(strokeDash=[4, 3], clip=True).encode(
         x=time_x(domain, "start"), color=alt.Color("kind:N", scale=MARKER_COLOURS, title="marker"),
-        tooltip=["label:N", time_tooltip("start")])
-    return alt.layer(bands, rules)
+        tooltip=[_text_tip("label"), time_tooltip("start")])
+    # Built directly, as _with_markers builds its layers: the two have no parameters to merge.
+    return alt.LayerChart(layer=[bands, rules])
 
 
 def _with_markers(chart: alt.Chart | alt.LayerChart, overlay: alt.LayerChart | None) -> alt.LayerChart | alt.Chart:
@@ -424,6 +425,17 @@ _STRAGGLER_COLOURS = alt.Scale(domain=["ok", "straggler"], range=["#9ecae9", "#e
 _OTHER_OUTLIER_COLOURS = ("#f58518", "#54a24b", "#b279a2", "#9d755d", "#eeca3b", "#ff9da6", "#72b7b2", "#4c78a8")
 
 
+def _text_tip(field: str) -> alt.Tooltip:
+    return alt.Tooltip(field, type="nominal")
+
+
+def _straggler_width(width: float) -> alt.StrokeWidthValue:
+    """A straggler's line 2.5 pixels wide, the others' ``width``. Channels are built as Altair's objects,
+    not as shorthand strings or dicts, which Altair turns into objects through the schema (half of the
+    step chart's build time)."""
+    return alt.StrokeWidthValue(width, condition={"test": "datum.straggler === 'straggler'", "value": 2.5})
+
+
 def _outlier_label(rank: int, stragglers: Sequence[int]) -> str:
     return f"rank {rank}" + (" (straggler)" if rank in stragglers else "")
 
@@ -453,9 +465,9 @@ def _band_layers(band: pd.DataFrame, domain: Domain, y_title: str) -> list[alt.C
     base = alt.Chart(band).encode(x=time_x(domain))
     band_tooltip = [time_tooltip(), alt.Tooltip("median:Q", format=".3f"),
                     alt.Tooltip("low:Q", format=".3f", title=f"p{low}"),
-                    alt.Tooltip("high:Q", format=".3f", title=f"p{high}"), "ranks:Q"]
+                    alt.Tooltip("high:Q", format=".3f", title=f"p{high}"), alt.Tooltip("ranks:Q")]
     area = base.mark_area(opacity=0.35, color="#9ecae9", interpolate="step-after").encode(
-        y=alt.Y("low:Q", title=y_title), y2="high:Q", tooltip=band_tooltip)
+        y=alt.Y("low:Q", title=y_title), y2=alt.Y2("high"), tooltip=band_tooltip)
     median = base.mark_line(color="#3182bd", interpolate="step-after").encode(
         y=alt.Y("median:Q", title=y_title), tooltip=band_tooltip)
     return [area, median]
@@ -464,10 +476,11 @@ def _band_layers(band: pd.DataFrame, domain: Domain, y_title: str) -> list[alt.C
 def _outlier_lines(view: StepView, lines: pd.DataFrame, field: str, domain: Domain, y_title: str) -> alt.Chart:
     """The ranks drawn alone, a layer of their own over the band: stragglers red and thicker."""
     return alt.Chart(lines).mark_line(interpolate="step-after").encode(
-        x=time_x(domain), y=alt.Y(f"{field}:Q", title=y_title), detail="rank:N",
+        x=time_x(domain), y=alt.Y(f"{field}:Q", title=y_title), detail=alt.Detail("rank:N"),
         color=alt.Color("label:N", title="drawn alone", scale=_outlier_colours(view)),
-        strokeWidth=alt.condition(alt.datum.straggler == "straggler", alt.value(2.5), alt.value(1.5)),
-        tooltip=["rank:N", time_tooltip(), alt.Tooltip(f"{field}:Q", format=".3f"), "last_step:Q"])
+        strokeWidth=_straggler_width(1.5),
+        tooltip=[alt.Tooltip("rank:N"), time_tooltip(), alt.Tooltip(f"{field}:Q", format=".3f"),
+                 alt.Tooltip("last_step:Q")])
 
 
 def _per_rank(view: StepView, field: str, domain: Domain, y_title: str, title: str | alt.TitleParams,
@@ -475,10 +488,11 @@ def _per_rank(view: StepView, field: str, domain: Domain, y_title: str, title: s
     """Few ranks: a line per rank of ``field``, stragglers red."""
     lines = _labelled(view).dropna(subset=[field])
     return alt.Chart(lines).mark_line().encode(
-        x=time_x(domain), y=alt.Y(f"{field}:Q", title=y_title), detail="rank:N",
+        x=time_x(domain), y=alt.Y(f"{field}:Q", title=y_title), detail=alt.Detail("rank:N"),
         color=alt.Color("straggler:N", scale=_STRAGGLER_COLOURS, title=None),
-        strokeWidth=alt.condition(alt.datum.straggler == "straggler", alt.value(2.5), alt.value(1)),
-        tooltip=["rank:N", time_tooltip(), alt.Tooltip(f"{field}:Q", format=".3f"), "last_step:Q"],
+        strokeWidth=_straggler_width(1),
+        tooltip=[alt.Tooltip("rank:N"), time_tooltip(), alt.Tooltip(f"{field}:Q", format=".3f"),
+                 alt.Tooltip("last_step:Q")],
     ).properties(height=plot_px, title=title)
 
 
