@@ -22,11 +22,12 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlencode
+from urllib.parse import parse_qs, urlencode, urlsplit
 
 import pytest
 
 from jobsight.collector.store.embedded_db import free_port
+from jobsight.rules import links
 from tests.conftest import REPO
 from tests.dashboard.seed import Seed
 from tests.dashboard.test_browser import headless_chromium
@@ -200,7 +201,8 @@ GRID = '[data-testid="stDataFrame"] table[role="grid"]'
 
 
 def _job_ids(driver: Any) -> set[str]:
-    """The ``job`` column of the jobs list; empty when there is no list."""
+    """The ``job`` column of the jobs list; empty when there is no list. The grid shows each id as its
+    page's link; the accessible table holds the link, whose ``job`` parameter is the id shown."""
     from selenium.webdriver.common.by import By
 
     titles = [str(th.get_attribute("textContent")).strip()
@@ -208,7 +210,8 @@ def _job_ids(driver: Any) -> set[str]:
     if "job" not in titles:
         return set()
     cells = driver.find_elements(By.CSS_SELECTOR, f'{GRID} td[aria-colindex="{titles.index("job") + 1}"]')
-    return {str(cell.get_attribute("textContent")).strip() for cell in cells}
+    hrefs = [str(cell.get_attribute("textContent")).strip() for cell in cells]
+    return {parse_qs(urlsplit(href).query)[links.JOB][0] for href in hrefs}
 
 
 def _jobs_list(driver: Any, url: str, headers: dict[str, str], shot: str) -> tuple[str, set[str]]:
