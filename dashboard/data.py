@@ -460,7 +460,7 @@ def _attention(cluster: str | None, rule: str | None, limit: int) -> tuple[pd.Da
     rows, total = _read(finding_queries.list_findings, state="open", cluster=cluster, rule=rule, limit=limit)
     return _frame(rows, ("id", "cluster", "job_id", "rule", "subject", "rank", "node", "gpu", "severity", "state",
                          "opened_at", "updated_at", "resolved_at", "at_ts", "title", "message", "evidence",
-                         "user_name", "account", "partition", "job_name", "demo")), total
+                         "user_name", "account", "partition", "job_name", "demo", "attrs")), total
 
 
 def attention(viewer: Viewer, *, cluster: str | None, rule: str | None = None,

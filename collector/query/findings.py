@@ -27,8 +27,9 @@ def list_findings(
     conn: Connection, *, state: str = "open", cluster: str | None = None, user: str | None = None,
     job_id: str | None = None, rule: str | None = None, limit: int = 200, offset: int = 0,
 ) -> tuple[list[dict[str, Any]], int]:
-    """Findings across jobs with their job's user, account and partition; ``user`` limits them
-    to that user's jobs. Returns the page and the total."""
+    """Findings across jobs with their job's user, account and partition (``attrs`` holds only
+    ``process``, the owner of a run outside Slurm, for its user's name, as the jobs list has it);
+    ``user`` limits them to that user's jobs. Returns the page and the total."""
     where, params = ["TRUE"], {}
     if state != "all":
         where.append("f.state = %(state)s")
@@ -42,7 +43,8 @@ def list_findings(
         params["user"] = user
     sql_where = " AND ".join(where)
     rows = conn.execute(
-        f"""SELECT {_COLUMNS}, j.user_name, j.account, j.partition, j.name AS job_name, j.demo
+        f"""SELECT {_COLUMNS}, j.user_name, j.account, j.partition, j.name AS job_name, j.demo,
+                   jsonb_build_object('process', j.attrs -> 'process') AS attrs
             FROM findings f LEFT JOIN jobs j ON j.job_id = f.job_id AND j.cluster = f.cluster
             WHERE {sql_where} ORDER BY {_SEVERITY_ORDER}, f.opened_at DESC, f.id DESC
             LIMIT %(limit)s OFFSET %(offset)s""",

@@ -41,10 +41,12 @@ def _table(frame: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame({
         "open": [moment_url(r["cluster"], r["job_id"], moment_of(r)) for r in rows],
         "severity": [f"{SEVERITY_MARK.get(r['severity'], '○')} {r['severity']}" for r in rows],
-        "rule": [r["rule"] for r in rows],
+        # The rule in the job page's words; its setting name (hung_rank) is in the Rule filter.
+        "rule": [RULE_LABEL.get(r["rule"], r["rule"]) for r in rows],
         "job": [r["job_id"] for r in rows],
         "subject": [r["subject"] or "job" for r in rows],
-        # As the jobs list words them (jobsight/rules/display_text.py): "unknown" before a prolog, "n/a" outside Slurm.
+        # As the jobs list words them (jobsight/rules/display_text.py): "unknown" before a prolog, the process's
+        # owner for a run outside Slurm (its partition "n/a").
         "user": [display_text.user(r) for r in rows],
         "account": [display_text.account(r) for r in rows],
         "partition": [display_text.partition(r) for r in rows],

@@ -267,7 +267,7 @@ def test_attention_lists_the_open_findings_for_an_admin(app_as: Callable[..., Ap
     assert OLD_TITLE not in texts(at)  # resolved
     hung = table.iloc[0]
     assert (hung["job"], hung["user"], hung["account"], hung["partition"], hung["rule"], hung["subject"]) == (
-        health.hung, "alice", "ml", "gpu", "hung_rank", "rank 1")
+        health.hung, "alice", "ml", "gpu", "hung", "rank 1")  # the rule in words, as on the job page
     assert hung["severity"] == "● critical"
     assert hung["open"] == f"job?cluster={health.cluster}&job={health.hung}&t={_iso(health.stopped)}"
     slow = table.iloc[2]

@@ -222,8 +222,9 @@ def test_attention_words_a_job_no_prolog_named_as_the_jobs_list_does(app_as: Cal
                VALUES (%s, %s, 'idle_allocation', '', 'n1', 'warning', 'open', %s, %s, 'idle', 'idle', %s)""",
             (unnamed.cluster, unnamed.job, now, now, Jsonb({})))
         conn.execute(
-            """INSERT INTO jobs (cluster, job_id, name, start_time, state, last_seen)
-               VALUES (%s, 'local-run', 'cpu-run', %s, 'running', %s)""", (unnamed.cluster, now, now))
+            """INSERT INTO jobs (cluster, job_id, name, start_time, state, last_seen, attrs)
+               VALUES (%s, 'local-run', 'cpu-run', %s, 'running', %s, %s)""",
+            (unnamed.cluster, now, now, Jsonb({"process": {"user": "carol", "slurm": False}})))
         conn.execute(
             """INSERT INTO findings (cluster, job_id, rule, subject, node, severity, state, opened_at, updated_at,
                                      title, message, evidence)
@@ -234,4 +235,10 @@ def test_attention_words_a_job_no_prolog_named_as_the_jobs_list_does(app_as: Cal
     rows = at.dataframe[0].value.set_index("job")
     assert tuple(rows.loc[unnamed.job, ["user", "account", "partition"]]) == (display_text.UNKNOWN,) * 3
     assert tuple(rows.loc["local-run", ["account", "partition"]]) == (display_text.NOT_APPLICABLE,) * 2
+    # A run outside Slurm is its process's owner, as in the jobs list (not "unknown").
+    assert rows.loc["local-run", "user"] == "carol"
+    jobs = app_as("root")
+    _ok(jobs)
+    jobs.selectbox(key="jobs_range").set_value("all time").run()
+    assert jobs.dataframe[0].value.set_index("job").loc["local-run", "user"] == "carol"
     assert not rows[["user", "account", "partition"]].isna().any().any()
