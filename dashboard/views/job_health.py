@@ -110,16 +110,17 @@ def _value_text(key: str, value: Any) -> str:
     return display_text.text(value)
 
 
-def _flatten(evidence: Mapping[str, Any], prefix: str = "") -> Iterator[tuple[str, str]]:
+def _flatten(evidence: Mapping[str, Any], path: tuple[str, ...] = ()) -> Iterator[tuple[str, str]]:
     for key, value in evidence.items():
         if isinstance(value, Mapping):
-            yield from _flatten(value, f"{prefix}{key}.")
+            yield from _flatten(value, (*path, str(key)))
         else:
-            yield f"{prefix}{key}", _value_text(str(key), value)
+            yield display_text.key_path((*path, str(key))), _value_text(str(key), value)
 
 
 def evidence_table(evidence: Mapping[str, Any] | None) -> pd.DataFrame:
-    """The evidence as ``name``/``value`` rows, nested keys joined with dots (``ranks.1.silent_s``)."""
+    """The evidence as ``name``/``value`` rows, each name the path of its keys in words (``ranks.1.silent_s``
+    reads ``rank 1 › silent (s)``, :func:`display_text.key_path`)."""
     return pd.DataFrame(list(_flatten(evidence or {})), columns=["name", "value"])
 
 

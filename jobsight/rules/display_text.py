@@ -273,7 +273,8 @@ COLUMN_LABEL: Final = {
     "created_at": "requested (UTC)", "ts": "time (UTC)",
 }
 _UNITS: Final = (("_us", " (µs)"), ("_ms", " (ms)"), ("_kwh", " (kWh)"), ("_kg", " (kg)"), ("_s", " (s)"),
-                 ("_pct", " %"), ("_bytes", ""))
+                 ("_pct", " %"), ("_bytes", ""), ("_mhz", " (MHz)"), ("_w", " (W)"), ("_c", " (°C)"))
+_INNER_UNITS: Final = {"s": "(s)", "ms": "(ms)", "us": "(µs)"}
 SNAKE_CASE: Final = re.compile(r"[a-z0-9]_[a-z0-9]")
 """A name as code writes it (``self_cpu_us``): never a column's header on a page."""
 
@@ -282,8 +283,21 @@ def words(name: str) -> str:
     """A code name in words: ``calls_per_step`` → ``calls per step``, ``wait_s`` → ``wait (s)``."""
     for suffix, unit in _UNITS:
         if name.endswith(suffix) and len(name) > len(suffix):
-            return name[: -len(suffix)].replace("_", " ") + unit
-    return name.replace("_", " ")
+            return words(name[: -len(suffix)]) + unit
+    # A unit inside a name: step_s_by_rank → step (s) by rank.
+    return " ".join(_INNER_UNITS.get(part, part) for part in name.split("_")) if "_" in name else name
+
+
+def key_path(keys: Iterable[str]) -> str:
+    """A path of keys into nested data in words: ``("ranks", "1", "silent_s")`` → ``rank 1 › silent (s)``
+    (an item of a plural, by its number, is named in the singular)."""
+    parts: list[str] = []
+    for key in keys:
+        if key.isdigit() and parts and parts[-1].endswith("s") and not parts[-1].endswith(")"):
+            parts[-1] = f"{parts[-1][:-1]} {key}"
+        else:
+            parts.append(words(key))
+    return " › ".join(parts)
 
 
 def column_label(name: str) -> str:

@@ -35,6 +35,7 @@ from jobsight.collector.store.partitions import PartitionKeeper
 from jobsight.collector.store.schema import PARTITIONED_TABLES
 from jobsight.collector.tiers.rollup import rebuild_minutes
 from jobsight.collector.tiers.step_rollup import rebuild as rebuild_steps
+from jobsight.rules import display_text
 from tests.dashboard.conftest import texts
 from tests.dashboard.seed import Seed
 
@@ -198,9 +199,10 @@ def test_banner_shows_the_hung_finding_first_with_its_evidence_and_timeline_link
     assert HUNG_TITLE in boxes[0][1] and "960× its usual 0.50 s" in boxes[0][1]
     assert LOW_TITLE in boxes[1][1]
     evidence = next(d.value for d in at.dataframe if list(d.value.columns) == ["name", "value"]).set_index("name")
-    assert evidence.loc["ranks.1.silent_s", "value"] == "480"
-    assert evidence.loc["ranks.1.last_step_at", "value"] == f"{health.stopped:%Y-%m-%d %H:%M:%S} UTC"
-    assert evidence.loc["gpu_power_recent_w", "value"] == "61.5"
+    assert evidence.loc["rank 1 › silent (s)", "value"] == "480"  # ranks.1.silent_s, in words
+    assert evidence.loc["rank 1 › last step at", "value"] == f"{health.stopped:%Y-%m-%d %H:%M:%S} UTC"
+    assert evidence.loc["gpu power recent (W)", "value"] == "61.5"
+    assert not any(display_text.SNAKE_CASE.search(name) for name in evidence.index)
     links = _timeline_links(at)
     assert len(links) == 2
     assert links[0].label == f"Show {health.stopped:%H:%M:%S} UTC in the timeline"

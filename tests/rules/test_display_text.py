@@ -95,3 +95,11 @@ def test_no_problems_is_never_said_beside_an_open_finding() -> None:
     assert all_clear([resolved]) == "No efficiency problems found."
     said = all_clear([resolved, {"severity": "critical"}, {"severity": "warning"}])
     assert "No efficiency problems" not in said and "2 finding(s) still open (critical, warning)" in said
+
+
+@pytest.mark.parametrize(("keys", "label"), [
+    (("ranks", "1", "silent_s"), "rank 1 › silent (s)"), (("gpu_power_recent_w",), "gpu power recent (W)"),
+    (("cause", "sm_clock_mhz"), "cause › sm clock (MHz)"), (("cause", "temp_c"), "cause › temp (°C)"),
+    (("step_s_by_rank", "3"), "step (s) by rank › 3"), (("xids",), "xids")])
+def test_a_key_path_reads_in_words(keys: tuple[str, ...], label: str) -> None:
+    assert d.key_path(keys) == label and not d.SNAKE_CASE.search(label)
