@@ -224,10 +224,10 @@ def marker_layer(markers: pd.DataFrame, domain: Domain) -> alt.LayerChart | None
     bands = base.transform_filter(alt.datum.kind == "profile").mark_rect(opacity=0.15, clip=True).encode(
         x=time_x(domain, "start"), x2=alt.X2("end"),
         color=alt.Color("kind:N", scale=MARKER_COLOURS, title="marker"),
-        tooltip=[_text_tip("label"), time_tooltip("start", "start"), time_tooltip("end", "end")])
+        tooltip=[alt.Tooltip("label:N"), time_tooltip("start", "start"), time_tooltip("end", "end")])
     rules = base.transform_filter(alt.datum.kind != "profile").mark_rule(strokeDash=[4, 3], clip=True).encode(
         x=time_x(domain, "start"), color=alt.Color("kind:N", scale=MARKER_COLOURS, title="marker"),
-        tooltip=[_text_tip("label"), time_tooltip("start")])
+        tooltip=[alt.Tooltip("label:N"), time_tooltip("start")])
     # Built directly, as _with_markers builds its layers: the two have no parameters to merge.
     return alt.LayerChart(layer=[bands, rules])
 
@@ -423,10 +423,6 @@ def heatmap_height(frame: pd.DataFrame) -> int:
 
 _STRAGGLER_COLOURS = alt.Scale(domain=["ok", "straggler"], range=["#9ecae9", "#e45756"])
 _OTHER_OUTLIER_COLOURS = ("#f58518", "#54a24b", "#b279a2", "#9d755d", "#eeca3b", "#ff9da6", "#72b7b2", "#4c78a8")
-
-
-def _text_tip(field: str) -> alt.Tooltip:
-    return alt.Tooltip(field, type="nominal")
 
 
 def _straggler_width(width: float) -> alt.StrokeWidthValue:
