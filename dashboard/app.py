@@ -16,15 +16,11 @@ import streamlit as st
 from jobsight.collector.config.settings import SettingsError
 from jobsight.dashboard.identity import viewer_or_stop
 from jobsight.dashboard.markup import plain
+from jobsight.dashboard.page_paths import ACTIONS_PAGE, SUSPECTS_PAGE
 from jobsight.dashboard.settings import dashboard_settings
 from jobsight.rules import links
 
 PAGES = Path(__file__).resolve().parent / "views"
-# The Actions page's address. Not in jobsight.rules.links: nothing outside the dashboard links to it yet;
-# it belongs there, beside AUDIT_PAGE, once an alert or a report does.
-ACTIONS_PAGE = "actions"
-# The Suspect GPUs page's address, likewise the dashboard's own until something outside links to it.
-SUSPECTS_PAGE = "suspects"
 
 # The pool says why it could not connect at every attempt (each page's read, every refresh); the
 # dashboard's own line says it once an outage (jobsight.dashboard.read_outage, which also has the page

@@ -19,7 +19,8 @@ from jobsight.commands.cli_error import CliError
 from jobsight.dashboard.proxy_trust import NO_FORWARDED_FOR, bind_problem
 from jobsight.dashboard.settings import DashboardSettings, load_dashboard_settings
 
-APP = Path(jobsight.dashboard.__file__).resolve().parent / "app.py"
+SERVER = Path(jobsight.dashboard.__file__).resolve().parent / "serve.py"
+"""What ``streamlit run`` runs: the dashboard app (``app.py``) in its server (:mod:`jobsight.dashboard.serve`)."""
 
 
 def streamlit_argv(host: str, port: int) -> list[str]:
@@ -31,13 +32,19 @@ def streamlit_argv(host: str, port: int) -> list[str]:
     "magic", which rewrites each page's source so that a bare expression is drawn (it drew a stray
     docstring on a page once, and rewriting the job page cost 75 ms of every page opened when no
     other session was open, as Streamlit then drops its compiled pages), and the watch on the
-    source files, which reruns pages when the installed code changes."""
+    source files, which reruns pages when the installed code changes.
+
+    Nor does it collect all of Python's garbage after every run of a page (``runner.postScriptGC``):
+    that full collection, after each page opened and each live part's refresh, held the interpreter
+    for about a tenth of a second while the page's last messages waited to be sent. Python's own
+    collector still runs as objects come and go."""
     return [
-        sys.executable, "-m", "streamlit", "run", str(APP),
+        sys.executable, "-m", "streamlit", "run", str(SERVER),
         "--server.address", host, "--server.port", str(port),
         "--server.headless", "true", "--browser.gatherUsageStats", "false",
         "--client.toolbarMode", "minimal",
         "--runner.magicEnabled", "false", "--server.fileWatcherType", "none",
+        "--runner.postScriptGC", "false",
     ]
 
 

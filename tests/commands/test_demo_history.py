@@ -87,11 +87,15 @@ def test_the_demo_sink_keeps_what_apprise_sends(tmp_path: Path) -> None:
     assert "rank 11 has stopped stepping" in (tmp_path / "alerts.log").read_text()
 
 
-def test_the_dashboard_runs_without_the_deploy_toolbar_magic_or_a_source_watch() -> None:
+def test_the_dashboard_runs_without_the_deploy_toolbar_magic_a_source_watch_or_a_full_gc_a_run() -> None:
     argv = streamlit_argv("127.0.0.1", 8501)
     options = dict(zip(argv[5::2], argv[6::2], strict=True))
     assert options["--client.toolbarMode"] == "minimal"
     assert options["--runner.magicEnabled"] == "false" and options["--server.fileWatcherType"] == "none"
+    # A full collection after every run (each page opened, each live refresh) held the GIL for about a
+    # tenth of a second while the page's last messages waited to be sent.
+    assert options["--runner.postScriptGC"] == "false"
+    assert argv[4].endswith("serve.py")
 
 
 def test_up_without_demo_adds_nothing(tmp_path: Path) -> None:

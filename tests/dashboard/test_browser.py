@@ -94,4 +94,10 @@ def test_job_page_renders_charts_without_exceptions(browser: object, seeded: See
         assert "Straggler rank(s): 1" in body
         assert (OUTPUT / "job_page.png").stat().st_size > 10_000
         assert not [e for e in console if e.get("level") == "SEVERE" and "vega" in str(e).lower()], console
+        # The page named its server (jobsight.dashboard.page_paths): the browser asked the server's health at
+        # the root alone, not first at /job/, a wrong guess Streamlit retries after a tenth of a second.
+        health_checks = driver.execute_script(  # type: ignore[attr-defined]
+            "return performance.getEntriesByType('resource').map(e => new URL(e.name).pathname)"
+            ".filter(p => p.endsWith('/_stcore/health'))")
+        assert health_checks == ["/_stcore/health"], health_checks
         assert up.interrupt() == 0
