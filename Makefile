@@ -42,7 +42,7 @@ test: $(STAMP)
 
 lint: $(STAMP)
 	$(BIN)/ruff check jobsight/*.py jobsight/protocol jobsight/rules jobsight/commands agent collector dashboard tests bench
-	$(BIN)/mypy --strict -p jobsight.protocol -p jobsight.rules -p jobsight.agent -p jobsight.collector -p jobsight.commands
+	$(BIN)/mypy --strict -p jobsight.protocol -p jobsight.rules -p jobsight.agent -p jobsight.collector -p jobsight.commands -p jobsight.dashboard
 
 bench: $(STAMP)
 	$(BIN)/python bench/ingest.py

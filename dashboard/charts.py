@@ -358,7 +358,7 @@ def gpu_heatmap(frame: pd.DataFrame, domain: Domain) -> alt.Chart:
     # Each cell reaches half a pixel into the next: cells about a pixel wide (a window at its sampling
     # interval) otherwise leave anti-aliased seams, a stripe every few pixels that reads as data. (A
     # hairline stroke of the cell's colour did the same at the cost of a second colour scale a cell.)
-    return alt.Chart(vega.as_sent(cells)).mark_rect(
+    chart: alt.Chart = alt.Chart(vega.as_sent(cells)).mark_rect(
         clip=True, x2Offset=HEATMAP_OVERLAP_PX, aria=False, tooltip=alt.ExprRef(expr="datum.tip"),
     ).encode(
         x=time_x(domain), x2="end:T",
@@ -366,6 +366,7 @@ def gpu_heatmap(frame: pd.DataFrame, domain: Domain) -> alt.Chart:
                 axis=alt.Axis(labelOverlap=True, labelFontSize=9)),
         color=alt.Color("util_gpu:Q", title="util %", scale=utilisation),
     ).properties(height=_heatmap_px(gpus), title="GPU utilisation, every GPU")
+    return chart
 
 
 HEATMAP_OVERLAP_PX: Final = 0.5
@@ -471,25 +472,27 @@ def _band_layers(band: pd.DataFrame, domain: Domain, y_title: str) -> list[alt.C
 
 def _outlier_lines(view: StepView, lines: pd.DataFrame, field: str, domain: Domain, y_title: str) -> alt.Chart:
     """The ranks drawn alone, a layer of their own over the band: stragglers red and thicker."""
-    return alt.Chart(lines).mark_line(interpolate="step-after").encode(
+    chart: alt.Chart = alt.Chart(lines).mark_line(interpolate="step-after").encode(
         x=time_x(domain), y=alt.Y(f"{field}:Q", title=y_title), detail=alt.Detail("rank:N"),
         color=alt.Color("label:N", title="drawn alone", scale=_outlier_colours(view)),
         strokeWidth=_straggler_width(1.5),
         tooltip=[alt.Tooltip("rank:N"), time_tooltip(), alt.Tooltip(f"{field}:Q", format=".3f"),
                  alt.Tooltip("last_step:Q")])
+    return chart
 
 
 def _per_rank(view: StepView, field: str, domain: Domain, y_title: str, title: str | alt.TitleParams,
               plot_px: int) -> alt.Chart:
     """Few ranks: a line per rank of ``field``, stragglers red."""
     lines = _labelled(view).dropna(subset=[field])
-    return alt.Chart(lines).mark_line().encode(
+    chart: alt.Chart = alt.Chart(lines).mark_line().encode(
         x=time_x(domain), y=alt.Y(f"{field}:Q", title=y_title), detail=alt.Detail("rank:N"),
         color=alt.Color("straggler:N", scale=_STRAGGLER_COLOURS, title=None),
         strokeWidth=_straggler_width(1),
         tooltip=[alt.Tooltip("rank:N"), time_tooltip(), alt.Tooltip(f"{field}:Q", format=".3f"),
                  alt.Tooltip("last_step:Q")],
     ).properties(height=plot_px, title=title)
+    return chart
 
 
 def step_chart(view: StepView, domain: Domain, overlay: alt.LayerChart | None) -> alt.LayerChart | alt.Chart:
@@ -552,11 +555,12 @@ def metric_chart(frame: pd.DataFrame, name: str, domain: Domain, budget: int) ->
     data = frame.loc[frame["name"] == name, ["rank", "bucket", "step", "value"]].assign(
         rank=lambda f: f["rank"].fillna(-1).astype(int))
     data = fit_lines(data, ["rank"], budget, {"value": "mean", "step": "max"})
-    return alt.Chart(data).mark_line().encode(
+    chart: alt.Chart = alt.Chart(data).mark_line().encode(
         x=time_x(domain), y=alt.Y("value:Q", title=name, scale=alt.Scale(zero=False)),
         color=alt.Color("rank:N", legend=series_legend("rank", data["rank"].nunique())),
         tooltip=["rank:N", time_tooltip(), "step:Q", alt.Tooltip("value:Q", format=".4g")],
     ).properties(height=METRIC_PLOT_PX, title=name)
+    return chart
 
 
 def metric_chart_px(frame: pd.DataFrame, name: str) -> int:
@@ -595,13 +599,14 @@ def throughput_chart(steps: pd.DataFrame, domain: Domain) -> alt.Chart:
     """Samples per second summed over ranks (:func:`throughput_rows`), on the page's one time axis, its
     axis in SI units (``50k``) from zero."""
     rows = throughput_rows(steps)
-    return alt.Chart(rows).mark_line(interpolate="step-after").encode(
+    chart: alt.Chart = alt.Chart(rows).mark_line(interpolate="step-after").encode(
         x=time_x(domain),
         y=alt.Y(f"{THROUGHPUT_FIELD}:Q", title="samples/s", scale=alt.Scale(zero=True),
                 axis=alt.Axis(format="~s", tickCount=4)),
         tooltip=[time_tooltip(), alt.Tooltip(f"{THROUGHPUT_FIELD}:Q", format=",.1f", title="samples/s"),
                  alt.Tooltip("samples:Q", format=",.0f", title="samples in the bucket")],
     ).properties(height=THROUGHPUT_PLOT_PX, title="Throughput (samples/s, all ranks)")
+    return chart
 
 
 def throughput_px() -> int:
@@ -611,10 +616,11 @@ def throughput_px() -> int:
 
 def breakdown_chart(breakdown: pd.DataFrame) -> alt.Chart:
     """Stacked bars: one per rank, one colour per category (compute, communication, ...)."""
-    return alt.Chart(breakdown).mark_bar().encode(
+    chart: alt.Chart = alt.Chart(breakdown).mark_bar().encode(
         x=alt.X("seconds:Q", title="time (s)", stack="zero"), y=alt.Y("rank:N"),
         color=alt.Color("category:N"), tooltip=["rank:N", "category:N", alt.Tooltip("seconds:Q", format=".3f")],
     ).properties(title="Per-rank breakdown")
+    return chart
 
 
 BAR_PX: Final = 24
@@ -643,8 +649,9 @@ def trend_chart(trend: pd.DataFrame) -> alt.Chart:
     # A tick a day at most: ticks every 12 hours labelled by their day read 2026-11-22, 2026-11-22, …
     x = time_x(None, "day", title=f"day ({TIME_ZONE})", time_format="%Y-%m-%d")
     x = x.axis(format="%Y-%m-%d", labelOverlap=True, tickCount={"interval": "day", "step": 1})
-    return alt.Chart(long).mark_line(point=True).encode(
+    chart: alt.Chart = alt.Chart(long).mark_line(point=True).encode(
         x=x,
         y=alt.Y("hours:Q", title="GPU-hours"), color=alt.Color("series:N", title=None),
         tooltip=[alt.Tooltip("date:N", title=f"day ({TIME_ZONE})"), alt.Tooltip("series:N", title="what"),
                  alt.Tooltip("hours:Q", format=".2f", title="GPU-hours")])
+    return chart

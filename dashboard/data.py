@@ -30,6 +30,7 @@ from jobsight.collector.query import job_energy as energy_queries
 from jobsight.collector.query import logs as log_queries
 from jobsight.collector.query import profiles as profile_queries
 from jobsight.collector.query import series as queries
+from jobsight.collector.query.carbon_intensity import CarbonIntensity
 from jobsight.collector.query.grids import read_gpu_grid, read_metric_grid, read_step_grid
 from jobsight.collector.query.jobs import get_job, list_jobs
 from jobsight.collector.query.suspects import suspect_gpus
@@ -402,7 +403,7 @@ def _epochs(cluster: str, job_id: str, running: bool) -> dict[str, Any]:
     return _read(epoch_energy.job_epochs, cluster, job_id, running=running)
 
 
-def carbon() -> energy_queries.CarbonIntensity:
+def carbon() -> CarbonIntensity:
     """The site's carbon intensity (``[carbon]``, ``JOBSIGHT_CARBON_*``), as the collector reads it."""
     return energy_queries.carbon_of(load_carbon_settings())
 

@@ -94,7 +94,7 @@ def epoch_chart(frame: pd.DataFrame) -> alt.Chart:
     shown = frame.assign(label=[f"epoch {e}" for e in frame["epoch"]],
                          state=["still growing" if g else "done" for g in frame["growing"]],
                          kwh=[_energies(v, g) for v, g in zip(frame["energy_kwh"], frame["growing"], strict=True)])
-    return alt.Chart(shown).mark_rect(stroke="white", strokeWidth=1).encode(
+    chart: alt.Chart = alt.Chart(shown).mark_rect(stroke="white", strokeWidth=1).encode(
         x=charts.time_x(None, "start"), x2="end:T", y=alt.Y("energy_kwh:Q", title="energy (kWh)"),
         color=alt.Color("state:N", title="", scale=alt.Scale(domain=["done", "still growing"],
                                                              range=["#4c78a8", "#9ecae9"])),
@@ -103,6 +103,7 @@ def epoch_chart(frame: pd.DataFrame) -> alt.Chart:
                  alt.Tooltip("j_per_sample:Q", title="J/sample", format=".3g"),
                  alt.Tooltip("samples_per_s:Q", title="samples/s", format=".1f"), "method:N"],
     ).properties(height=180, title="Energy per epoch")
+    return chart
 
 
 def _outside(answer: dict[str, Any]) -> str:
