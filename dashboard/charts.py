@@ -27,7 +27,7 @@ import pandas as pd
 from jobsight.collector.query.bucket_merge import merge_buckets
 from jobsight.collector.query.grids import MIN_SERIES_POINTS, points_per_series
 from jobsight.collector.query.rank_outliers import BAND_QUANTILES, StepView
-from jobsight.dashboard import vega
+from jobsight.dashboard import heat_strips, vega
 
 Domain = tuple[dt.datetime, dt.datetime]
 
@@ -326,57 +326,59 @@ def gpu_lines_px(frame: pd.DataFrame, node: str, overlay: alt.LayerChart | None)
     return element_px(LINE_PLOT_PX, [legend_px(gpus), *_marker_legend(overlay)])
 
 
-def bucket_ends(frame: pd.DataFrame, domain: Domain) -> pd.Series:
-    """Each row's bucket end: its start plus the buckets' width (:func:`bucket_width`); a lone bucket
-    of rows that do not say their width runs to the end of the domain."""
-    width = bucket_width(frame)
-    if width is None:
-        return pd.Series(pd.Timestamp(domain[1]), index=frame.index)
-    return frame["bucket"] + width
-
-
-def gpu_heatmap(frame: pd.DataFrame, domain: Domain) -> alt.Chart:
+def gpu_heatmap(frame: pd.DataFrame, domain: Domain) -> alt.LayerChart:
     """GPU × time utilisation, one cell per GPU and bucket as the data layer read them (within the
-    heatmap's cell budget). Rows shrink as GPUs grow so 64-512 GPUs stay on one screen; y labels
-    are thinned by Vega when rows are too small to label each one. The x axis is the same time
-    scale as every other chart of the page.
+    heatmap's cell budget), drawn as one picture (:mod:`jobsight.dashboard.heat_strips`) that spans the
+    cells' time on the page's one time axis and the plot's height, a row a GPU. Rows shrink as GPUs grow
+    so 64-512 GPUs stay on one screen; y labels are thinned by Vega when rows are too small to label
+    each one.
 
-    Cells are what the browser spends its time on (a 64-GPU job's window is 8,000 of them), so each
-    costs it as little as can be: its colour is its only scaled channel, and its tooltip one line of
-    text written here (:func:`cell_tips`), not three fields Vega formats for every cell as it draws.
-
-    Streamlit's Vega interprets every expression a cell needs (it runs no generated code), so the spec
-    asks for as few as it can: the GPUs' order as the y scale's domain (a sort compiles to a chain of
-    one comparison a GPU, for every cell), the times as sent (:func:`vega.as_sent`, no parse a cell),
-    the tooltip as the cell's own text, and no ARIA description a cell (eight thousand descriptions no
-    screen reader reads out; the chart keeps its own)."""
+    Over the picture, one invisible row a GPU answers the pointer with that GPU's mean and its lowest
+    bucket (:func:`row_tips`): a tooltip a row, not a cell, because a Vega item a cell is what the
+    picture saves. Each bucket's own value is in the node's lines (the Details' Nodes). The colour
+    legend is Vega's, from a scale the picture's colours are taken from."""
     gpus = frame["gpu"].nunique()
-    cells = frame[["gpu", "bucket", "util_gpu"]].assign(end=bucket_ends(frame, domain))  # only what is drawn
-    cells = cells.assign(tip=cell_tips(cells))
+    cells = frame[["gpu", "bucket", "util_gpu"]]
+    width = bucket_width(frame)
+    if width is None:  # one bucket a GPU, its width not said: it runs to the end of the domain
+        width = max(pd.Timestamp(domain[1]) - cells["bucket"].min(), pd.Timedelta(seconds=1))
     order = sorted(frame["gpu"].unique(), key=lambda g: (g.rsplit(":", 1)[0], int(g.rsplit(":", 1)[1] or 0)))
-    utilisation = alt.Scale(domain=[0, 100], scheme="viridis")
-    # Each cell reaches half a pixel into the next: cells about a pixel wide (a window at its sampling
-    # interval) otherwise leave anti-aliased seams, a stripe every few pixels that reads as data. (A
-    # hairline stroke of the cell's colour did the same at the cost of a second colour scale a cell.)
-    chart: alt.Chart = alt.Chart(vega.as_sent(cells)).mark_rect(
-        clip=True, x2Offset=HEATMAP_OVERLAP_PX, aria=False, tooltip=alt.ExprRef(expr="datum.tip"),
-    ).encode(
-        x=time_x(domain), x2="end:T",
-        y=alt.Y("gpu:N", scale=alt.Scale(domain=order), title=None,
-                axis=alt.Axis(labelOverlap=True, labelFontSize=9)),
-        color=alt.Color("util_gpu:Q", title="util %", scale=utilisation),
-    ).properties(height=_heatmap_px(gpus), title="GPU utilisation, every GPU")
-    return chart
+    drawn = heat_strips.picture(cells, width, order)
+    y = alt.Y("gpu:N", scale=alt.Scale(domain=order), title=None, axis=alt.Axis(labelOverlap=True, labelFontSize=9))
+    # Channels as Altair's objects: given as plain values, Altair resolves each against every alternative
+    # of the schema, some milliseconds a channel on every page load.
+    x, x2 = time_x(domain, "start"), alt.X2("end")
+    image = pd.DataFrame({"start": [drawn.start], "end": [drawn.end], "buckets": [drawn.buckets], "url": [drawn.url]})
+    picture = alt.Chart(vega.as_sent(image)).mark_image(clip=True, aspect=False, aria=False).encode(
+        x=x, x2=x2, y=_PLOT_TOP, y2=_PLOT_BOTTOM, url=alt.Url("url", type="nominal"))
+    rows = pd.DataFrame({"gpu": order, "start": drawn.start, "end": drawn.end, "tip": row_tips(cells, order)})
+    hover = alt.Chart(vega.as_sent(rows)).mark_rect(
+        clip=True, opacity=0, aria=False, tooltip=alt.ExprRef(expr="datum.tip")).encode(x=x, x2=x2, y=y)
+    # Two cells of no width: they give the colour scale the picture is coloured by, and so its legend.
+    ends = pd.DataFrame({"gpu": order[0], "start": drawn.start, "util_gpu": list(heat_strips.UTILISATION_DOMAIN)})
+    utilisation = alt.Scale(domain=list(heat_strips.UTILISATION_DOMAIN), scheme="viridis")
+    legend = alt.Chart(vega.as_sent(ends)).mark_rect(aria=False).encode(
+        x=x, x2=alt.X2("start"), y=y, color=alt.Color("util_gpu:Q", title="util %", scale=utilisation))
+    # Built directly, as _with_markers builds its layers: they have no parameters to merge.
+    return alt.LayerChart(layer=[picture, hover, legend], height=_heatmap_px(gpus), title="GPU utilisation, every GPU")
 
 
-HEATMAP_OVERLAP_PX: Final = 0.5
+# The plot's top and bottom edges (Vega-Lite's "height"), for the picture that spans every GPU's row.
+# Altair declares these two channels' classes without types.
+_PLOT_TOP: Final = alt.YValue(0)  # type: ignore[no-untyped-call]
+_PLOT_BOTTOM: Final = alt.Y2Value("height")  # type: ignore[no-untyped-call]
 
 
-def cell_tips(cells: pd.DataFrame) -> pd.Series:
-    """Each heatmap cell's tooltip: ``n01:3 · 2026-11-27 23:07:31 UTC · 87 %``."""
-    times = pd.to_datetime(cells["bucket"], utc=True).dt.strftime(_TOOLTIP_FORMAT)
-    values = cells["util_gpu"].map(lambda v: "no value" if pd.isna(v) else f"{v:.0f} %")
-    return cells["gpu"].astype(str) + " · " + times + f" {TIME_ZONE} · " + values
+def row_tips(cells: pd.DataFrame, gpus: Sequence[str]) -> list[str]:
+    """Each heatmap row's tooltip: ``n01:3 · mean 71 % · lowest 4 % at 2026-11-27 23:07:31 UTC``."""
+    values = cells.dropna(subset=["util_gpu"])
+    lowest = values.loc[values.groupby("gpu")["util_gpu"].idxmin()].set_index("gpu")
+    lowest = lowest.assign(mean=values.groupby("gpu")["util_gpu"].mean(),
+                           at=pd.to_datetime(lowest["bucket"], utc=True).dt.strftime(_TOOLTIP_FORMAT))
+    lowest = lowest.reindex(list(gpus))
+    return [f"{gpu} · no value" if pd.isna(row.mean)
+            else f"{gpu} · mean {row.mean:.0f} % · lowest {row.util_gpu:.0f} % at {row.at} {TIME_ZONE}"
+            for gpu, row in zip(gpus, lowest.itertuples(index=False), strict=True)]
 
 
 def _duration(seconds: float) -> str:

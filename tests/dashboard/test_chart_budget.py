@@ -37,6 +37,7 @@ from jobsight.collector.query.grids import (
 from jobsight.collector.query.time_range import TimeRange
 from jobsight.dashboard import charts
 from jobsight.dashboard.settings import load_dashboard_settings
+from tests.dashboard import drawn_heatmap
 from tests.dashboard.conftest import texts
 from tests.dashboard.seed import BigJob, Seed
 
@@ -96,9 +97,11 @@ def test_heatmap_of_many_gpus_stays_within_the_cell_budget(conn: Any, big_job: B
     assert grid - 1 <= min(per_gpu.values()) <= max(per_gpu.values()) <= grid
     assert sum(r["samples"] for r in rows) == big_job.gpus * big_job.seconds  # every sample in one cell
     heatmap = charts.gpu_heatmap(charts.gpu_frame(pd.DataFrame(rows)), _domain(big_job))
-    assert sum(_rows(heatmap).values()) == len(rows) <= cells
-    # The heatmap shares the page's one time axis: a temporal x with each cell's end as x2.
-    encoding = _spec(heatmap)["encoding"]
+    assert len(drawn_heatmap.cells(_spec(heatmap)["datasets"])) == len(rows) <= cells
+    # What goes to the browser is a row a GPU besides the picture, whatever the cells.
+    assert sorted(_rows(heatmap).values()) == [1, 2, big_job.gpus]
+    # The heatmap shares the page's one time axis: a temporal x with the picture's end as x2.
+    encoding = _spec(heatmap)["layer"][0]["encoding"]
     assert encoding["x"]["type"] == "temporal" and encoding["x2"]["field"] == "end"
 
 

@@ -18,6 +18,7 @@ from altair.vegalite.v6.schema import core
 from streamlit.testing.v1 import AppTest
 
 from jobsight.dashboard import charts, vega
+from tests.dashboard import drawn_heatmap
 from tests.dashboard.conftest import job_sections
 from tests.dashboard.seed import BigJob, Seed
 
@@ -83,25 +84,35 @@ def test_the_audit_trend_says_its_lines_in_words() -> None:
     core.TopLevelSpec.validate({key: value for key, value in sent.items() if key != "datasets"})
 
 
-def test_a_heatmap_cell_needs_no_expression_but_its_tooltip_and_the_filter() -> None:
-    """Streamlit's Vega interprets every expression a cell needs, for every cell (8,000 on a 64-GPU
-    page): the heatmap's spec asks for none that it can do without. Its GPUs' order is the y scale's
-    domain (a sort compiles to one comparison a GPU, per cell), its times go as sent (no ``toDate()``
-    a field and a cell), its tooltip is the cell's own text and its cells have no ARIA description."""
+def test_the_heatmap_is_one_picture_with_a_tooltip_a_gpu() -> None:
+    """The heatmap's cells are one picture, not a Vega item a cell (8,000 on a 64-GPU page): a row a
+    GPU in number order (n01:2 before n01:10), a column a bucket, each cell in the legend's colour for
+    its value. A row a GPU answers the pointer; its times go as sent (no ``toDate()`` a row) and its
+    items have no ARIA description."""
     start = pd.Timestamp("2026-11-27T23:00:00Z")
     gpus = [f"n{node:02d}:{index}" for node in (1, 2) for index in range(12)]
     frame = pd.DataFrame([{"node": g.split(":")[0], "gpu": g, "bucket": start + pd.Timedelta(seconds=s),
-                           "util_gpu": float(s), "bucket_s": 1.0} for g in gpus for s in range(3)])
+                           "util_gpu": float(10 * s + i), "bucket_s": 1.0}
+                          for i, g in enumerate(gpus) for s in range(3)])
     domain = (start.to_pydatetime(), (start + pd.Timedelta(seconds=3)).to_pydatetime())
     sent = vega.spec(charts.gpu_heatmap(frame, domain))
     _check([{**sent, "datasets": {}}])  # the frames go beside the spec, as Arrow (see vega.spec)
-    y = sent["encoding"]["y"]
-    assert "sort" not in y and y["scale"]["domain"] == gpus  # in number order: n01:2 before n01:10
-    assert sent["data"]["format"] == {"parse": None}
-    (cells,) = sent["datasets"].values()
-    assert str(cells["bucket"].dtype).startswith("datetime64") and cells["bucket"].dt.tz is not None  # sent as UTC
-    assert sent["mark"]["aria"] is False and sent["mark"]["tooltip"] == {"expr": "datum.tip"}
-    assert "tooltip" not in sent["encoding"] and cells["tip"].iloc[0] == "n01:0 · 2026-11-27 23:00:00 UTC · 0 %"
+    picture, rows, legend = sent["layer"]
+    assert picture["mark"]["type"] == "image" and picture["mark"]["aspect"] is False
+    assert rows["encoding"]["y"]["scale"]["domain"] == gpus and "sort" not in rows["encoding"]["y"]
+    assert legend["encoding"]["color"]["scale"] == {"domain": [0.0, 100.0], "scheme": "viridis"}
+    for layer in sent["layer"]:
+        assert layer["data"]["format"] == {"parse": None} and layer["mark"]["aria"] is False
+    assert rows["mark"]["tooltip"] == {"expr": "datum.tip"} and rows["mark"]["opacity"] == 0
+    drawn = drawn_heatmap.cells(sent["datasets"])
+    assert len(drawn) == len(frame)
+    expected = frame.assign(bucket=frame["bucket"].astype("datetime64[us, UTC]"))
+    for cell in drawn.itertuples():
+        (value,) = expected.loc[(expected["gpu"] == cell.gpu) & (expected["bucket"] == cell.bucket), "util_gpu"]
+        assert cell.rgba == drawn_heatmap.colour(value) and cell.end - cell.bucket == pd.Timedelta(seconds=1)
+    tips = next(d for d in sent["datasets"].values() if "tip" in d.columns)
+    assert list(tips["gpu"]) == gpus
+    assert tips["tip"].iloc[1] == "n01:1 · mean 11 % · lowest 1 % at 2026-11-27 23:00:00 UTC"
     # The other charts keep Vega-Lite's parse: their tooltips format times with a time unit.
     assert "format" not in vega.spec(charts.trend_chart(pd.DataFrame(
         {"day": pd.to_datetime(["2026-11-20"], utc=True), "gpu_hours": [1.0], "low_util_gpu_hours": [0.0]})))["data"]

@@ -36,6 +36,7 @@ from jobsight.collector.store.schema import PARTITIONED_TABLES
 from jobsight.collector.tiers.rollup import rebuild_minutes
 from jobsight.collector.tiers.step_rollup import rebuild as rebuild_steps
 from jobsight.rules import display_text
+from tests.dashboard import drawn_heatmap
 from tests.dashboard.conftest import texts
 from tests.dashboard.seed import Seed
 
@@ -181,9 +182,14 @@ def _in_order(at: AppTest) -> list[tuple[str, str]]:
 
 
 def _datasets(chart: Any) -> dict[str, pd.DataFrame]:
-    """A chart's data sets by their first column (``bucket`` for the series, ``at`` for the rule)."""
+    """A chart's data sets: ``at`` for the rule; ``bucket`` for the series (the heatmap's cells as drawn)."""
     frames = [dataframe_util.convert_arrow_bytes_to_pandas_df(d.data.data) for d in chart.datasets]
-    return {("at" if "at" in f.columns else "bucket"): f for f in frames}
+    found = {"at": next(f for f in frames if "at" in f.columns)}
+    if any("url" in f.columns for f in frames):
+        found["bucket"] = drawn_heatmap.cells(frames)
+    else:
+        found["bucket"] = next(f for f in frames if "bucket" in f.columns)
+    return found
 
 
 def _timeline_links(at: AppTest) -> list[Any]:
@@ -233,7 +239,8 @@ def test_timeline_link_opens_the_window_around_the_moment(app_as: Callable[..., 
         assert list(frames["at"]["at"]) == [health.stopped]  # the red rule
     cells = heatmap["bucket"]
     assert cells["bucket"].min() >= window_start  # read for the window, not the whole run
-    assert set(cells.loc[cells["bucket"] > health.stopped, "util_gpu"]) == {2.0}  # the GPUs went quiet
+    quiet = cells.loc[cells["bucket"] > health.stopped, "rgba"]
+    assert not quiet.empty and set(quiet) == {drawn_heatmap.colour(2.0)}  # the GPUs went quiet
     ranks = steps["bucket"]
     assert ranks.loc[ranks["rank"] == 1, "bucket"].max() <= health.stopped  # rank 1's steps end there
     assert ranks.loc[ranks["rank"] == 0, "bucket"].max() > health.stopped + dt.timedelta(minutes=5)

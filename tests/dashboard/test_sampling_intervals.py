@@ -40,9 +40,10 @@ from jobsight.collector.query.time_range import TimeRange
 from jobsight.collector.store.partitions import PartitionKeeper
 from jobsight.collector.store.schema import PARTITIONED_TABLES
 from jobsight.collector.tiers.rollup import rebuild_minutes
-from jobsight.dashboard import charts
+from jobsight.dashboard import charts, vega
 from jobsight.dashboard.settings import load_dashboard_settings
 from tests.collector.test_up import Up
+from tests.dashboard import drawn_heatmap
 from tests.dashboard.test_browser import _wait, headless_chromium
 
 SHOTS = Path("/tmp/sampling-shots")
@@ -186,11 +187,11 @@ def test_buckets_are_never_narrower_than_the_sampling_interval(conn: psycopg.Con
 def test_the_heatmap_tiles_the_run_on_a_time_axis(conn: psycopg.Connection[Any], sampled: Sampled, name: str) -> None:
     job = sampled.jobs[name]
     frame = _page_rows(conn, sampled.cluster, job)
-    chart = charts.gpu_heatmap(frame, _domain(job))
-    with alt.data_transformers.disable_max_rows():
-        spec = chart.to_dict()
-    assert spec["encoding"]["x"]["type"] == "temporal" and spec["encoding"]["x2"]["field"] == "end"
-    cells = _shipped(chart).assign(end=lambda f: pd.to_datetime(f["end"], utc=True))
+    spec = vega.spec(charts.gpu_heatmap(frame, _domain(job)))
+    picture = spec["layer"][0]["encoding"]
+    assert picture["x"]["type"] == "temporal" and picture["x2"]["field"] == "end"
+    cells = drawn_heatmap.cells(spec["datasets"])
+    assert len(cells) == len(frame)  # a cell a bucket read, none lost or made up
     width = charts.bucket_width(frame)
     assert width is not None and (frame["bucket_s"] >= frame["interval_s"]).all()
     for gpu, mine in cells.groupby("gpu"):
@@ -232,8 +233,10 @@ def test_an_outage_is_a_gap_and_a_lost_sample_is_not(conn: psycopg.Connection[An
     width = pd.Timedelta(seconds=job.interval_s)
     outage = (job.first + 80 * width, job.first + 99 * width)  # ticks 80-99 have no sample
     lost = job.first + 30 * width
-    heatmap = _shipped(charts.gpu_heatmap(frame, _domain(job)))
+    heatmap = drawn_heatmap.cells(vega.spec(charts.gpu_heatmap(frame, _domain(job)))["datasets"])
     assert not heatmap["bucket"].between(outage[0] - width / 2, outage[1] + width / 2).any()
+    # Drawn up to the outage, and transparent across it (the picture has its columns, empty).
+    assert heatmap["bucket"].between(outage[0] - width * 2, outage[0]).any()
     for budget in (4000, 100):  # every bucket; and four merged into one (a minute), the outage still over three
         shown = _shipped(charts.gpu_lines(frame, "util_gpu", "n1", _domain(job), None, budget))
         assert len(shown) <= budget

@@ -15,7 +15,6 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from typing import Any
 
-import altair as alt
 import pandas as pd
 import psycopg
 import pytest
@@ -24,8 +23,9 @@ from streamlit.testing.v1 import AppTest
 
 from jobsight.collector.query import series as queries
 from jobsight.collector.query.grids import RAW_ROWS_MAX, read_gpu_grid
-from jobsight.dashboard import charts, time_window
+from jobsight.dashboard import charts, time_window, vega
 from jobsight.dashboard.settings import load_dashboard_settings
+from tests.dashboard import drawn_heatmap
 from tests.dashboard.conftest import texts
 from tests.dashboard.seed import BigJob, Seed, seed_big_job
 
@@ -91,11 +91,9 @@ def test_the_recent_window_is_drawn_at_the_sampling_interval(recording: Recordin
     # The heatmap draws those cells, each as wide as its bucket.
     frame = charts.gpu_frame(pd.DataFrame(rows))
     end = dt.datetime.now(dt.UTC)
-    with alt.data_transformers.disable_max_rows():
-        (cells,) = charts.gpu_heatmap(frame, (end - RECENT, end)).to_dict()["datasets"].values()
+    cells = drawn_heatmap.cells(vega.spec(charts.gpu_heatmap(frame, (end - RECENT, end)))["datasets"])
     assert len(cells) == len(rows)
-    widths = {pd.Timestamp(c["end"]) - pd.Timestamp(c["bucket"]) for c in cells}
-    assert widths == {pd.Timedelta(seconds=1)}
+    assert set(cells["end"] - cells["bucket"]) == {pd.Timedelta(seconds=1)}
 
 
 def test_all_of_it_reads_the_rollups_not_more_raw_rows_than_the_cap(recording: Recording, sixteen: BigJob) -> None:
