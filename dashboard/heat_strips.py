@@ -4,7 +4,7 @@ Drawn as a Vega item a cell, a 64-GPU job's 8,000 cells cost the browser about 0
 (Vega builds, lays out and hit-tests a scene item a cell; sending fewer bytes a cell did not help).
 As one picture it is one item whatever the GPUs and the time resolution, and a few kilobytes.
 
-The colours are Vega's own ``viridis`` (:data:`VIRIDIS`, the 32 colours Vega interpolates between in
+The colours are Vega's own ``viridis`` (:data:`VIRIDIS`, the 31 colours Vega interpolates between in
 RGB), so the cells match the legend Vega draws beside them from the same scheme."""
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ VIRIDIS: Final = (
     "440154470e61481a6c482575472f7d443a834144873d4e8a39568c35608d31688e2d708e2a788e27818e23888e21918d"
     "1f988b1fa08822a8842ab07f35b77943bf7154c56866cc5d7ad1518fd744a5db36bcdf27d2e21be9e51afde725"
 )
-"""Vega's ``viridis`` scheme as Vega ships it: 32 colours, evenly spaced over the scale's domain."""
+"""Vega's ``viridis`` scheme as Vega ships it: 31 colours, evenly spaced over the scale's domain."""
 _STOPS: Final = np.array([[int(VIRIDIS[i + j:i + j + 2], 16) for j in (0, 2, 4)]
                           for i in range(0, len(VIRIDIS), 6)], dtype=float)
 
