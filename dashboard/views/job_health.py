@@ -197,10 +197,10 @@ def _moment(ref: data.JobRef, job: Mapping[str, Any], moment: dt.datetime, text:
         x=charts.time_x(domain, "at"), tooltip=[charts.time_tooltip("at", "moment")])
     if not gpus.empty:
         frame = charts.gpu_frame(gpus)
-        vega.show(alt.layer(charts.gpu_heatmap(frame, domain), rule), charts.heatmap_height(frame))
+        vega.show(vega.Layers([charts.gpu_heatmap(frame, domain), rule]), charts.heatmap_height(frame))
     if not steps.empty:
         view = data.step_view(steps, settings.line_points)
-        vega.show(charts.step_chart(view, domain, alt.LayerChart(layer=[rule])), charts.step_chart_px(view, None))
+        vega.show(charts.step_chart(view, domain, vega.Layers([rule])), charts.step_chart_px(view, None))
     if gpus.empty and steps.empty:
         st.info("No GPU samples or steps of this job around this moment.")
     st.page_link(JOB_PAGE, label="Hide this window", icon=":material/close:",

@@ -116,3 +116,20 @@ def test_the_heatmap_is_one_picture_with_a_tooltip_a_gpu() -> None:
     # The other charts keep Vega-Lite's parse: their tooltips format times with a time unit.
     assert "format" not in vega.spec(charts.trend_chart(pd.DataFrame(
         {"day": pd.to_datetime(["2026-11-20"], utc=True), "gpu_hours": [1.0], "low_util_gpu_hours": [0.0]})))["data"]
+
+
+def test_layers_are_altair_s_layer_chart_without_its_parameter_merge() -> None:
+    """vega.Layers skips Altair's merge of parameters the dashboard's layers do not have: the spec is
+    the same as Altair's LayerChart gives, sizes moved to the whole, the callers' charts untouched.
+    (Each layer has its own data, as the dashboard's do: Altair would lift data the layers share.)"""
+    line = alt.Chart(pd.DataFrame({"x": [1.0, 2.0], "y": [3.0, 4.0]})).mark_line().encode(
+        x="x:Q", y="y:Q").properties(height=120)
+    rule = alt.Chart(pd.DataFrame({"x": [1.5]})).mark_rule().encode(x="x:Q")
+    inner = alt.LayerChart(layer=[line, rule])
+    for layers, props in (([line, rule], {"title": "t"}), ([inner, rule], {"width": 300})):
+        with alt.theme.enable("none"):
+            ours = vega.Layers(layers, **props).to_dict()
+            altairs = alt.LayerChart(layer=layers, **props).to_dict()
+        assert ours == altairs
+        core.TopLevelSpec.validate(ours)
+    assert line.height == 120 and vega.Layers([line, rule]).to_dict()["height"] == 120
