@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import tempfile
 import time
@@ -100,4 +101,15 @@ def test_job_page_renders_charts_without_exceptions(browser: object, seeded: See
             "return performance.getEntriesByType('resource').map(e => new URL(e.name).pathname)"
             ".filter(p => p.endsWith('/_stcore/health'))")
         assert health_checks == ["/_stcore/health"], health_checks
+        # The heatmap is one picture (jobsight.dashboard.heat_strips); each GPU's row still answers the
+        # pointer, through an invisible row over it, with the GPU's mean and its lowest bucket.
+        from selenium.webdriver.common.action_chains import ActionChains
+
+        heatmap = driver.find_element(By.CSS_SELECTOR, '[data-testid="stVegaLiteChart"]')  # type: ignore[attr-defined]
+        plot = heatmap.find_element(By.CSS_SELECTOR, "svg.marks, canvas")
+        ActionChains(driver).move_to_element(plot).perform()  # type: ignore[arg-type]
+        tip = driver.execute_script(  # type: ignore[attr-defined]
+            "const t = document.getElementById('vg-tooltip-element');"
+            "return t && t.classList.contains('visible') ? t.innerText : null")
+        assert tip is not None and re.fullmatch(r"\S+:\d+ · mean \d+ % · lowest \d+ % at [-\d]+ [:\d]+ UTC", tip), tip
         assert up.interrupt() == 0
