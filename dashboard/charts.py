@@ -27,7 +27,7 @@ import pandas as pd
 from jobsight.collector.query.bucket_merge import merge_buckets
 from jobsight.collector.query.grids import MIN_SERIES_POINTS, points_per_series
 from jobsight.collector.query.rank_outliers import BAND_QUANTILES, StepView
-from jobsight.dashboard import heat_strips, vega
+from jobsight.dashboard import heatmap_picture, vega
 
 Domain = tuple[dt.datetime, dt.datetime]
 
@@ -325,7 +325,7 @@ def gpu_lines_px(frame: pd.DataFrame, node: str, overlay: alt.LayerChart | None)
 
 def gpu_heatmap(frame: pd.DataFrame, domain: Domain) -> alt.LayerChart:
     """GPU × time utilisation, one cell per GPU and bucket as the data layer read them (within the
-    heatmap's cell budget), drawn as one picture (:mod:`jobsight.dashboard.heat_strips`) that spans the
+    heatmap's cell budget), drawn as one picture (:mod:`jobsight.dashboard.heatmap_picture`) that spans the
     cells' time on the page's one time axis and the plot's height, a row a GPU. Rows shrink as GPUs grow
     so 64-512 GPUs stay on one screen; y labels are thinned by Vega when rows are too small to label
     each one.
@@ -334,13 +334,12 @@ def gpu_heatmap(frame: pd.DataFrame, domain: Domain) -> alt.LayerChart:
     bucket (:func:`row_tips`): a tooltip a row, not a cell, because a Vega item a cell is what the
     picture saves. Each bucket's own value is in the node's lines (the Details' Nodes). The colour
     legend is Vega's, from a scale the picture's colours are taken from."""
-    gpus = frame["gpu"].nunique()
     cells = frame[["gpu", "bucket", "util_gpu"]]
     width = bucket_width(frame)
     if width is None:  # one bucket a GPU, its width not said: it runs to the end of the domain
         width = max(pd.Timestamp(domain[1]) - cells["bucket"].min(), pd.Timedelta(seconds=1))
     order = sorted(frame["gpu"].unique(), key=lambda g: (g.rsplit(":", 1)[0], int(g.rsplit(":", 1)[1] or 0)))
-    drawn = heat_strips.picture(cells, width, order)
+    drawn = heatmap_picture.picture(cells, width, order)
     y = alt.Y("gpu:N", scale=alt.Scale(domain=order), title=None, axis=alt.Axis(labelOverlap=True, labelFontSize=9))
     # Channels as Altair's objects: given as plain values, Altair resolves each against every alternative
     # of the schema, some milliseconds a channel on every page load.
@@ -352,11 +351,11 @@ def gpu_heatmap(frame: pd.DataFrame, domain: Domain) -> alt.LayerChart:
     hover = alt.Chart(vega.as_sent(rows)).mark_rect(
         clip=True, opacity=0, aria=False, tooltip=alt.ExprRef(expr="datum.tip")).encode(x=x, x2=x2, y=y)
     # Two cells of no width: they give the colour scale the picture is coloured by, and so its legend.
-    ends = pd.DataFrame({"gpu": order[0], "start": drawn.start, "util_gpu": list(heat_strips.UTILISATION_DOMAIN)})
-    utilisation = alt.Scale(domain=list(heat_strips.UTILISATION_DOMAIN), scheme="viridis")
+    ends = pd.DataFrame({"gpu": order[0], "start": drawn.start, "util_gpu": list(heatmap_picture.UTILISATION_DOMAIN)})
+    utilisation = alt.Scale(domain=list(heatmap_picture.UTILISATION_DOMAIN), scheme="viridis")
     legend = alt.Chart(vega.as_sent(ends)).mark_rect(aria=False).encode(
         x=x, x2=alt.X2("start"), y=y, color=alt.Color("util_gpu:Q", title="util %", scale=utilisation))
-    return vega.Layers([picture, hover, legend], height=_heatmap_px(gpus), title="GPU utilisation, every GPU")
+    return vega.Layers([picture, hover, legend], height=_heatmap_px(len(order)), title="GPU utilisation, every GPU")
 
 
 # The plot's top and bottom edges (Vega-Lite's "height"), for the picture that spans every GPU's row.

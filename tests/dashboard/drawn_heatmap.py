@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 from PIL import Image
 
-from jobsight.dashboard import heat_strips
+from jobsight.dashboard import heatmap_picture
 
 
 def _frame(data: Any) -> pd.DataFrame:
@@ -55,4 +55,4 @@ def pixels_of(url: str) -> np.ndarray[Any, np.dtype[np.uint8]]:
 
 def colour(utilisation: float) -> tuple[int, ...]:
     """The RGBA the heatmap draws ``utilisation`` in."""
-    return tuple(int(v) for v in heat_strips.colours(np.array([utilisation], dtype=float))[0])
+    return tuple(int(v) for v in heatmap_picture.colours(np.array([utilisation], dtype=float))[0])

@@ -101,7 +101,7 @@ def test_job_page_renders_charts_without_exceptions(browser: object, seeded: See
             "return performance.getEntriesByType('resource').map(e => new URL(e.name).pathname)"
             ".filter(p => p.endsWith('/_stcore/health'))")
         assert health_checks == ["/_stcore/health"], health_checks
-        # The heatmap is one picture (jobsight.dashboard.heat_strips); each GPU's row still answers the
+        # The heatmap is one picture (jobsight.dashboard.heatmap_picture); each GPU's row still answers the
         # pointer, through an invisible row over it, with the GPU's mean and its lowest bucket.
         from selenium.webdriver.common.action_chains import ActionChains
 

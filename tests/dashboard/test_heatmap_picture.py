@@ -1,4 +1,4 @@
-"""The heatmap's picture (jobsight.dashboard.heat_strips): Vega's own colours, a PNG any decoder reads
+"""The heatmap's picture (jobsight.dashboard.heatmap_picture): Vega's own colours, a PNG any decoder reads
 back cell for cell, and gaps left transparent."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 import streamlit
 
-from jobsight.dashboard import heat_strips
+from jobsight.dashboard import heatmap_picture
 from tests.dashboard import drawn_heatmap
 
 STREAMLIT_JS = Path(streamlit.__file__).parent / "static" / "static" / "js"
@@ -23,14 +23,14 @@ def test_the_colours_are_the_viridis_scheme_of_the_vega_that_streamlit_ships() -
     shipped = set()
     for script in STREAMLIT_JS.glob("*.js"):
         shipped |= set(re.findall(r"viridis:[`'\"]([0-9a-f]+)[`'\"]", script.read_text(errors="replace")))
-    assert shipped == {heat_strips.VIRIDIS}
+    assert shipped == {heatmap_picture.VIRIDIS}
 
 
 def test_values_are_interpolated_between_the_stops_as_vega_does() -> None:
-    stops = [tuple(int(heat_strips.VIRIDIS[i + j:i + j + 2], 16) for j in (0, 2, 4))
-             for i in range(0, len(heat_strips.VIRIDIS), 6)]
+    stops = [tuple(int(heatmap_picture.VIRIDIS[i + j:i + j + 2], 16) for j in (0, 2, 4))
+             for i in range(0, len(heatmap_picture.VIRIDIS), 6)]
     assert len(stops) == 31
-    drawn = heat_strips.colours(np.array([0.0, 100.0, 15.5 / 30 * 100, -5.0, 130.0, np.nan, 50.0]))
+    drawn = heatmap_picture.colours(np.array([0.0, 100.0, 15.5 / 30 * 100, -5.0, 130.0, np.nan, 50.0]))
     assert tuple(drawn[0]) == (*stops[0], 255) and tuple(drawn[1]) == (*stops[-1], 255)
     assert tuple(drawn[6]) == (*stops[15], 255)  # 31 stops evenly over 0-100: 50 % is the 16th
     # Halfway between the 16th and the 17th stop, in RGB.
@@ -44,7 +44,7 @@ def test_values_are_interpolated_between_the_stops_as_vega_does() -> None:
 def test_the_png_reads_back_pixel_for_pixel(row_px: int) -> None:
     rng = np.random.default_rng(7)
     rgba = rng.integers(0, 256, size=(5, 37, 4), dtype=np.uint8)
-    pixels = drawn_heatmap.pixels_of(heat_strips.data_url(rgba, row_px))
+    pixels = drawn_heatmap.pixels_of(heatmap_picture.data_url(rgba, row_px))
     assert pixels.shape == (5 * row_px, 37, 4)
     assert (pixels == np.repeat(rgba, row_px, axis=0)).all()
 
@@ -58,11 +58,11 @@ def test_the_picture_has_a_row_a_gpu_in_order_and_leaves_missing_buckets_empty()
         {"gpu": "n1:0", "bucket": start, "util_gpu": 20.0},
         {"gpu": "n2:0", "bucket": start + width, "util_gpu": None},  # a bucket with no value
     ])
-    drawn = heat_strips.picture(cells, width, ["n1:0", "n2:0"])
+    drawn = heatmap_picture.picture(cells, width, ["n1:0", "n2:0"])
     assert (drawn.start, drawn.end, drawn.buckets) == (start, start + 4 * width, 4)
     pixels = drawn_heatmap.pixels_of(drawn.url)
     # Wide and tall enough that the browser shrinks it (smoothing blurs what it stretches).
-    assert pixels.shape[1] >= heat_strips.MIN_PICTURE_PX[0] and pixels.shape[0] >= heat_strips.MIN_PICTURE_PX[1]
+    assert pixels.shape[1] >= heatmap_picture.MIN_PICTURE_PX[0] and pixels.shape[0] >= heatmap_picture.MIN_PICTURE_PX[1]
     grid = pixels[:: pixels.shape[0] // 2, :: pixels.shape[1] // 4]
     assert [tuple(grid[0, c]) for c in (0, 3)] == [drawn_heatmap.colour(20.0), drawn_heatmap.colour(10.0)]
     assert tuple(grid[1, 0]) == drawn_heatmap.colour(90.0)
