@@ -62,8 +62,11 @@ if viewer.is_admin:
 # The pages' links in a bar across the top, not a sidebar: the sidebar took 300 of a 1,600-pixel
 # window's width, and the jobs list's and the audit's tables scrolled sideways in what was left.
 page = st.navigation(pages, position="top")
-signed_in, log_out = st.columns([6, 1], vertical_alignment="center")
-signed_in.caption(f"Signed in as **{plain(viewer.name)}**" + (" (admin)" if viewer.is_admin else ""))
+signed_in_as = f"Signed in as **{plain(viewer.name)}**" + (" (admin)" if viewer.is_admin else "")
 if settings.auth_mode == "oidc":
+    signed_in, log_out = st.columns([6, 1], vertical_alignment="center")
+    signed_in.caption(signed_in_as)
     log_out.button("Log out", on_click=st.logout)
+else:  # one element, not a row of two columns with nothing in one (every element costs the browser)
+    st.caption(signed_in_as)
 page.run()

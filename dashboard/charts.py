@@ -181,10 +181,11 @@ def fit_line_rows(frame: pd.DataFrame, by: Sequence[str], value: str, width: pd.
 
 
 def gpu_frame(series: pd.DataFrame) -> pd.DataFrame:
-    """Adds a ``gpu`` label (``node:index``) and memory in GiB."""
+    """Adds a ``gpu`` label (``node:index``) and memory in GiB (where ``series`` has memory)."""
     frame = series.copy()
     frame["gpu"] = frame["node"].fillna("?").astype(str) + ":" + frame["gpu_index"].astype(str)
-    frame["mem_used_gib"] = frame["mem_used"].astype(float) / 2**30
+    if "mem_used" in frame:
+        frame["mem_used_gib"] = frame["mem_used"].astype(float) / 2**30
     return frame
 
 

@@ -33,6 +33,7 @@ from jobsight.collector.query import series as queries
 from jobsight.collector.query.carbon_intensity import CarbonIntensity
 from jobsight.collector.query.grids import read_gpu_grid, read_metric_grid, read_step_grid
 from jobsight.collector.query.jobs import get_job, list_jobs
+from jobsight.collector.query.series import GPU_MEASURES, GpuMeasures
 from jobsight.collector.query.suspects import suspect_gpus
 from jobsight.collector.store.db import (
     READ_POOL,
@@ -169,18 +170,20 @@ def open_job(viewer: Viewer, cluster: str, job_id: str) -> JobAccess:
 # ---- per-job series (take a JobRef) ------------------------------------------------------
 
 @st.cache_data(ttl=TTL, show_spinner=False)
-def _gpu(cluster: str, job_id: str, cells: int, most: int, span: dt.timedelta | None) -> pd.DataFrame:
-    return _frame(_read(read_gpu_grid, cluster, job_id, cells, most, span=span),
-                  ("node", "gpu_index", "bucket", "bucket_s", "interval_s", "util_gpu", "mem_used", "power_w",
-                   "temp_c"))
+def _gpu(cluster: str, job_id: str, cells: int, most: int, span: dt.timedelta | None,
+         measures: GpuMeasures) -> pd.DataFrame:
+    return _frame(_read(read_gpu_grid, cluster, job_id, cells, most, span=span, measures=measures),
+                  ("node", "gpu_index", "bucket", "bucket_s", "interval_s", *measures))
 
 
-def gpu_series(ref: JobRef, cells: int, most: int, span: dt.timedelta | None = None) -> pd.DataFrame:
+def gpu_series(ref: JobRef, cells: int, most: int, span: dt.timedelta | None = None, *,
+               measures: GpuMeasures = GPU_MEASURES) -> pd.DataFrame:
     """Per GPU and bucket over the run's last ``span`` (``None``: all of it), with GPUs × buckets within
     ``cells`` and at most ``most`` buckets a GPU, or a bucket a sample when the window's samples are few
     (:func:`jobsight.collector.query.grids.read_gpu_grid`); each row with its bucket's width (``bucket_s``,
-    never under the sampling interval) and the interval (``interval_s``)."""
-    return _gpu(ref.cluster, ref.job_id, cells, most, span)
+    never under the sampling interval) and the interval (``interval_s``), and ``measures`` (all by
+    default; the heatmap reads :data:`jobsight.collector.query.series.UTILISATION` alone)."""
+    return _gpu(ref.cluster, ref.job_id, cells, most, span, measures)
 
 
 @st.cache_data(ttl=TTL, show_spinner=False)

@@ -10,6 +10,7 @@ them (the samples, the per-minute or per-hour rollup), is decided here and in th
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -187,16 +188,19 @@ def _read_grid(conn: Connection, read: Callable[..., list[dict[str, Any]]], tabl
 
 
 def read_gpu_grid(conn: Connection, cluster: str, job_id: str, cells: int, most: int, *,
-                  span: dt.timedelta | None = None) -> list[dict[str, Any]]:
+                  span: dt.timedelta | None = None,
+                  measures: series.GpuMeasures = series.GPU_MEASURES) -> list[dict[str, Any]]:
     """Every GPU's series over the whole run, or its last ``span`` (the page's time window): ``cells //
     GPUs`` buckets each (at most ``most``, at times fewer to read the per-hour or per-minute rollup), the
     heatmap's cells. A window (or a whole run) of few samples, within :data:`RAW_ROWS_MAX`, is read at
-    the sampling interval (:func:`sampling_points`): a cell a sample, past ``cells`` if need be."""
+    the sampling interval (:func:`sampling_points`): a cell a sample, past ``cells`` if need be.
+    ``measures``: which of the series' measures to compute (:func:`series.gpu_series`)."""
 
     def interval(window: TimeRange) -> float | None:
         return sampling.sampling_interval(conn, cluster, job_id, window)
 
-    return _read_grid(conn, series.gpu_series, "gpu_samples", _distinct("node", "gpu_index", "mig_uuid"), cluster,
+    read = functools.partial(series.gpu_series, measures=measures)
+    return _read_grid(conn, read, "gpu_samples", _distinct("node", "gpu_index", "mig_uuid"), cluster,
                       job_id, cells, most, rollup=GPU_ROLLUP, snap=True, span=span, interval=interval)
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import datetime as dt
 import math
-from typing import Any
+from typing import Any, Final
 
 from psycopg.pq import TransactionStatus
 
@@ -56,6 +56,99 @@ def _resolve_range(
     return TimeRange(start or found.start, end or found.end)
 
 
+GpuMeasures = tuple[str, ...]
+"""Which of a GPU series' measures a read computes (:data:`GPU_MEASURES`' names, in any order)."""
+
+_AGGREGATES: Final = {
+    # measure: (its aggregate over samples, its aggregate over a rollup's columns, those columns)
+    "util_gpu": ("avg(util_gpu)", "sum(util_gpu_sum) / nullif(sum(util_gpu_n), 0)", ("util_gpu_sum", "util_gpu_n")),
+    "util_mem": ("avg(util_mem)", "sum(util_mem_sum) / nullif(sum(util_mem_n), 0)", ("util_mem_sum", "util_mem_n")),
+    "mem_used": ("max(mem_used)", "max(mem_used_max)", ("mem_used_max",)),
+    "mem_total": ("max(mem_total)", "max(mem_total_max)", ("mem_total_max",)),
+    "power_w": ("avg(power_w)", "sum(power_sum) / nullif(sum(power_n), 0)", ("power_sum", "power_n")),
+    "temp_c": ("avg(temp_c)", "sum(temp_sum) / nullif(sum(temp_n), 0)", ("temp_sum", "temp_n")),
+    "energy_j": ("max(energy_j)", "max(energy_max)", ("energy_max",)),
+}
+
+GPU_MEASURES: Final[GpuMeasures] = tuple(_AGGREGATES)
+"""Every measure of a GPU series: what the read API returns and a node's lines draw."""
+
+UTILISATION: Final[GpuMeasures] = ("util_gpu",)
+"""The heatmap's one measure. Reading it alone is a third less of the database's time for a 64-GPU
+job's recent window, and fewer columns to fetch and turn into a frame (docs/scale.md)."""
+
+
+def _measures(measures: GpuMeasures) -> GpuMeasures:
+    unknown = set(measures) - set(_AGGREGATES)
+    if unknown:
+        raise ValueError(f"not a GPU measure: {', '.join(sorted(unknown))}")
+    return tuple(m for m in GPU_MEASURES if m in measures)  # one statement text for one set
+
+
+def _samples_statement(measures: GpuMeasures) -> str:
+    aggregates = "".join(f"{_AGGREGATES[m][0]} AS {m}, " for m in measures)
+    return f"""
+SELECT node, gpu_index, gpu_uuid, mig_uuid,
+       date_bin(make_interval(secs => %(width)s), ts, %(origin)s) AS bucket,
+       %(width)s::float8 AS bucket_s, %(interval)s::float8 AS interval_s,
+       {aggregates}bool_or(lost) AS lost, count(*) AS samples
+FROM {tiers.samples((*measures, "lost"), start="%(start)s", end="%(end)s")} s
+GROUP BY node, gpu_index, gpu_uuid, mig_uuid, bucket
+ORDER BY node, gpu_index, mig_uuid NULLS FIRST, bucket
+"""
+
+
+def _rollup_columns(measures: GpuMeasures) -> tuple[str, ...]:
+    return ("gpu_uuid", *(column for m in measures for column in _AGGREGATES[m][2]), "lost", "samples")
+
+
+def _from_rollup(bucket_of: str, rows: str, measures: GpuMeasures) -> str:
+    """A GPU series from rollup ``rows`` (a table, or a parenthesised SELECT with an alias), each
+    row in the bucket of ``bucket_of`` (SQL on its ``ts``): the columns of :func:`_samples_statement`."""
+    aggregates = "".join(f"{_AGGREGATES[m][1]} AS {m}, " for m in measures)
+    return f"""
+SELECT nullif(node, '') AS node, gpu_index, min(gpu_uuid) AS gpu_uuid, nullif(mig_uuid, '') AS mig_uuid,
+       date_bin(make_interval(secs => %(width)s), {bucket_of}, %(origin)s) AS bucket,
+       %(width)s::float8 AS bucket_s, %(interval)s::float8 AS interval_s,
+       {aggregates}bool_or(lost) AS lost, sum(samples) AS samples
+FROM {rows}
+GROUP BY node, gpu_index, mig_uuid, bucket
+ORDER BY node, gpu_index, mig_uuid, bucket
+"""
+
+
+def _minutes_statement(measures: GpuMeasures) -> str:
+    return _from_rollup("ts", f"{tiers.minutes(_rollup_columns(measures), start='%(origin)s', end='%(end)s')} m",
+                        measures)
+
+
+# An hour goes to the bucket that holds its middle (or the window's end, if that comes first):
+# TimeRange.bucket_seconds makes buckets a microsecond wider than whole hours (7200.000001 s), so
+# an hour that starts a bucket would go by its start to the bucket before, with all its samples.
+# Over buckets of whole hours, the middle's bucket is that of each of the hour's minutes.
+def _hours_statement(measures: GpuMeasures) -> str:
+    return _from_rollup(
+        "least(ts + interval '30 minutes', %(end)s)",
+        """gpu_hours h WHERE job_id = %(job)s AND cluster = %(cluster)s AND ts >= %(origin)s AND ts <= %(end)s""",
+        measures,
+    )
+
+
+GPU_FROM_SAMPLES: Final = _samples_statement(GPU_MEASURES)
+GPU_FROM_MINUTES: Final = _minutes_statement(GPU_MEASURES)
+GPU_FROM_HOURS: Final = _hours_statement(GPU_MEASURES)
+_STATEMENTS: Final = {GPU_MEASURES: (GPU_FROM_HOURS, GPU_FROM_MINUTES, GPU_FROM_SAMPLES)}
+
+
+def _statements(measures: GpuMeasures) -> tuple[str, str, str]:
+    """The hour rollup's, the minute rollup's and the samples' statement for ``measures``, each built once."""
+    found = _STATEMENTS.get(measures)
+    if found is None:
+        found = _STATEMENTS[measures] = (_hours_statement(measures), _minutes_statement(measures),
+                                         _samples_statement(measures))
+    return found
+
+
 CHART_SETTINGS = {
     # 64 GPUs x 600 buckets are ~40 k groups: in the default 4 MB they spill to disk (twice:
     # the hash, then the sort).
@@ -82,9 +175,12 @@ def gpu_series(
     start: dt.datetime | None = None,
     end: dt.datetime | None = None,
     points: int = 500,
+    measures: GpuMeasures = GPU_MEASURES,
 ) -> list[dict[str, Any]]:
     """Per GPU (node, index, MIG device) and time bucket: mean utilisation, max memory,
-    mean power and temperature. At most ``points`` buckets per GPU.
+    mean power and temperature (``measures``: those of :data:`GPU_MEASURES` named, all by default;
+    every row also says whether a sample in it was lost and how many it holds). At most ``points``
+    buckets per GPU.
 
     A bucket is never narrower than the job's sampling interval
     (:func:`jobsight.collector.query.sampling.sampling_interval`), so that a GPU sampled every 15 s has a
@@ -99,7 +195,8 @@ def gpu_series(
     inside one takes all of it. A job with no rollup rows (ingested before the rollup existed)
     reads the samples.
     """
-    statements = gpu_series_statements(conn, cluster, job_id, start=start, end=end, points=points)
+    statements = gpu_series_statements(conn, cluster, job_id, start=start, end=end, points=points,
+                                       measures=measures)
     if statements and (not conn.autocommit or conn.info.transaction_status == TransactionStatus.INTRANS):
         # For this transaction only (the API's or the dashboard's unit of work), see CHART_SETTINGS.
         for name, value in CHART_SETTINGS.items():
@@ -125,23 +222,25 @@ def gpu_series_statements(
     start: dt.datetime | None = None,
     end: dt.datetime | None = None,
     points: int = 500,
+    measures: GpuMeasures = GPU_MEASURES,
 ) -> list[tuple[str, dict[str, Any]]]:
     """The statements :func:`gpu_series` runs, in order, until one returns rows: the hour
     rollup's and the minute rollup's when the buckets are wide enough for them, then the
     samples'; only the samples' when ``points`` buckets would be under two sampling intervals
     wide. All give the same columns. (Tests EXPLAIN them.)"""
+    from_hours, from_minutes, from_samples = _statements(_measures(measures))
     points = min(max(points, 1), MAX_POINTS)
     window = _resolve_range(conn, "gpu_samples", cluster, job_id, start, end)
     if window is None:
         return []
     interval = sampling.sampling_interval(conn, cluster, job_id, window)
     grid, width = _sample_buckets(window, points, interval)
-    samples = (GPU_FROM_SAMPLES, _bucket_params(grid, window, width, interval, job_id, cluster))
+    samples = (from_samples, _bucket_params(grid, window, width, interval, job_id, cluster))
     if interval is not None and window.bucket_seconds(points) < 2 * interval:
         # A sample or two a bucket: the samples are no more rows than the buckets, and a rollup, which
         # places each sample at its minute's or hour's start, would fill such buckets unevenly.
         return [samples]
-    grains = zip(rollup_grains(window), (GPU_FROM_HOURS, GPU_FROM_MINUTES), strict=True)
+    grains = zip(rollup_grains(window), (from_hours, from_minutes), strict=True)
     rollups = [(query, _bucket_params(aligned, window, aligned.bucket_seconds(points), interval, job_id, cluster))
                for (aligned, least), query in grains if aligned.bucket_seconds(points) >= least]
     return [*rollups, samples]
@@ -176,54 +275,6 @@ def _bucket_params(grid: TimeRange, window: TimeRange, width: float, interval: f
     """Buckets of ``width`` seconds from ``grid``'s start (their origin) over ``window``."""
     return {"width": width, "interval": interval, "origin": grid.start, "start": window.start, "end": window.end,
             "job": job_id, "cluster": cluster}
-
-
-GPU_FROM_SAMPLES = f"""
-SELECT node, gpu_index, gpu_uuid, mig_uuid,
-       date_bin(make_interval(secs => %(width)s), ts, %(origin)s) AS bucket,
-       %(width)s::float8 AS bucket_s, %(interval)s::float8 AS interval_s,
-       avg(util_gpu) AS util_gpu, avg(util_mem) AS util_mem,
-       max(mem_used) AS mem_used, max(mem_total) AS mem_total,
-       avg(power_w) AS power_w, avg(temp_c) AS temp_c, max(energy_j) AS energy_j,
-       bool_or(lost) AS lost, count(*) AS samples
-FROM {tiers.samples(("util_gpu", "util_mem", "mem_used", "mem_total", "power_w", "temp_c", "energy_j", "lost"),
-                    start="%(start)s", end="%(end)s")} s
-GROUP BY node, gpu_index, gpu_uuid, mig_uuid, bucket
-ORDER BY node, gpu_index, mig_uuid NULLS FIRST, bucket
-"""
-
-
-def _from_rollup(bucket_of: str, rows: str) -> str:
-    """A GPU series from rollup ``rows`` (a table, or a parenthesised SELECT with an alias), each
-    row in the bucket of ``bucket_of`` (SQL on its ``ts``): the columns of :data:`GPU_FROM_SAMPLES`."""
-    return f"""
-SELECT nullif(node, '') AS node, gpu_index, min(gpu_uuid) AS gpu_uuid, nullif(mig_uuid, '') AS mig_uuid,
-       date_bin(make_interval(secs => %(width)s), {bucket_of}, %(origin)s) AS bucket,
-       %(width)s::float8 AS bucket_s, %(interval)s::float8 AS interval_s,
-       sum(util_gpu_sum) / nullif(sum(util_gpu_n), 0) AS util_gpu,
-       sum(util_mem_sum) / nullif(sum(util_mem_n), 0) AS util_mem,
-       max(mem_used_max) AS mem_used, max(mem_total_max) AS mem_total,
-       sum(power_sum) / nullif(sum(power_n), 0) AS power_w, sum(temp_sum) / nullif(sum(temp_n), 0) AS temp_c,
-       max(energy_max) AS energy_j, bool_or(lost) AS lost, sum(samples) AS samples
-FROM {rows}
-GROUP BY node, gpu_index, mig_uuid, bucket
-ORDER BY node, gpu_index, mig_uuid, bucket
-"""
-
-
-_ROLLUP_COLUMNS = ("gpu_uuid", "util_gpu_sum", "util_gpu_n", "util_mem_sum", "util_mem_n", "mem_used_max",
-                   "mem_total_max", "power_sum", "power_n", "temp_sum", "temp_n", "energy_max", "lost", "samples")
-
-GPU_FROM_MINUTES = _from_rollup("ts", f"{tiers.minutes(_ROLLUP_COLUMNS, start='%(origin)s', end='%(end)s')} m")
-
-# An hour goes to the bucket that holds its middle (or the window's end, if that comes first):
-# TimeRange.bucket_seconds makes buckets a microsecond wider than whole hours (7200.000001 s), so
-# an hour that starts a bucket would go by its start to the bucket before, with all its samples.
-# Over buckets of whole hours, the middle's bucket is that of each of the hour's minutes.
-GPU_FROM_HOURS = _from_rollup(
-    "least(ts + interval '30 minutes', %(end)s)",
-    """gpu_hours h WHERE job_id = %(job)s AND cluster = %(cluster)s AND ts >= %(origin)s AND ts <= %(end)s""",
-)
 
 
 def metric_series(

@@ -19,6 +19,7 @@ from contextlib import contextmanager
 from typing import Any, Final
 
 import psycopg
+from psycopg.conninfo import conninfo_to_dict
 from psycopg.rows import dict_row
 from psycopg_pool import ConnectionPool, PoolTimeout
 
@@ -122,10 +123,24 @@ def open_pool(database_url: str, size: int, statement_timeout_s: float | None = 
               name: str = INGEST_POOL) -> ConnectionPool[Connection]:
     """A pool of at most ``size`` connections; ``statement_timeout_s``: PostgreSQL cancels a statement
     of these connections that runs longer (``None``: the server's setting, none by default)."""
-    kwargs: dict[str, Any] = {"row_factory": dict_row, "connect_timeout": 5, "application_name": name}
+    # Sessions in UTC whatever the server's own TimeZone: jobsight's clock is UTC everywhere, and psycopg
+    # then loads a timestamptz with datetime.timezone.utc, which pandas turns into a time column ten
+    # times faster than datetimes of a ZoneInfo("Etc/UTC"), a server's usual default (docs/scale.md).
+    # After the address's own ``options``, if it has any: they are kept, and these two win.
+    site_options = conninfo_to_dict(libpq_url(database_url)).get("options")
+    options = [str(site_options)] if site_options else []
+    options.append("-c TimeZone=UTC")
     if statement_timeout_s is not None:
         # Set by the server for the whole session, from the start: no read can unset it with a query.
-        kwargs["options"] = f"-c statement_timeout={max(1, round(statement_timeout_s * 1000))}"
+        options.append(f"-c statement_timeout={max(1, round(statement_timeout_s * 1000))}")
+    kwargs: dict[str, Any] = {"row_factory": dict_row, "connect_timeout": 5, "application_name": name,
+                              "options": " ".join(options)}
+    if name == READ_POOL:
+        # Never prepared: psycopg prepares a statement run five times on a connection, and PostgreSQL then
+        # plans it once for any parameters. For a chart's read, whose time window picks the partitions and
+        # sizes the aggregate, that generic plan was a fifth slower than one made for the window at hand
+        # (a 64-GPU heatmap's 47 ms became 57-60 ms on a pooled connection; docs/scale.md).
+        kwargs["prepare_threshold"] = None
     pool: ConnectionPool[Connection] = ConnectionPool(
         libpq_url(database_url),
         name=name,

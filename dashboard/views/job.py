@@ -14,6 +14,7 @@ import pandas as pd
 import streamlit as st
 
 from jobsight.collector.query.profiles import TooManyOpenRequests
+from jobsight.collector.query.series import UTILISATION
 from jobsight.dashboard import charts, data, job_details, tables, time_window, url_state, vega
 from jobsight.dashboard.identity import viewer_or_stop
 from jobsight.dashboard.markup import plain, plain_join
@@ -93,6 +94,20 @@ def _job() -> dict[str, Any]:
     return data.open_job(viewer, ref.cluster, ref.job_id).job or first
 
 
+FACTS_HELP = ("Elapsed: days-hours:minutes:seconds, as sacct prints it. GPU-hours: allocated GPUs × time; "
+              "≥: still growing.")
+
+
+def _facts_table(facts: dict[str, Any]) -> str:
+    """The header's facts as one Markdown table, a label over each value: one element on the page where
+    seven ``st.metric`` in columns were 21 (each a column, its block and the metric), the cost the
+    browser pays for every element when it draws the page (docs/scale.md). Every value goes through
+    :func:`plain`, which escapes ``|`` too: a value cannot end its cell."""
+    return "\n".join(("| " + " | ".join(plain(label) for label in facts) + " |",
+                      "|" + " --- |" * len(facts),
+                      "| " + " | ".join(plain(value) for value in facts.values()) + " |"))
+
+
 @st.fragment(run_every=every)
 def header() -> None:
     job = _job()
@@ -104,16 +119,13 @@ def header() -> None:
         st.info(f"Demo data: this job was made by `jobsight up --demo` (cluster {cluster_name}); "
                 "its GPUs are simulated or it is a small CPU training run, not a real cluster's job.", icon="🧪")
     gpus = job.get("gpus") or []
-    cells = st.columns(7)
-    cells[0].metric("User", plain(display_text.user(job)))
-    cells[1].metric("Partition", plain(display_text.partition(job)))
-    cells[2].metric("Nodes", job.get("node_count") or len(job.get("nodes") or []) or display_text.UNKNOWN)
-    cells[3].metric("GPUs", len(gpus) or job.get("gpu_count") or display_text.UNKNOWN)
-    cells[4].metric("Elapsed", _elapsed(domain), help="days-hours:minutes:seconds, as sacct prints it")
-    cells[5].metric("GPU-hours", _gpu_hours(job, domain, len(gpus) or int(job.get("gpu_count") or 0)),
-                    help="allocated GPUs × time; ≥: still growing")
     state = _state(job)
-    cells[6].metric("State", state)
+    st.markdown(_facts_table({
+        "User": display_text.user(job), "Partition": display_text.partition(job),
+        "Nodes": job.get("node_count") or len(job.get("nodes") or []) or display_text.UNKNOWN,
+        "GPUs": len(gpus) or job.get("gpu_count") or display_text.UNKNOWN, "Elapsed": _elapsed(domain),
+        "GPU-hours": _gpu_hours(job, domain, len(gpus) or int(job.get("gpu_count") or 0)), "State": state}),
+        help=FACTS_HELP)
     if job.get("end_reason"):
         # jobsight ended the job (a waste policy): its reason beside Slurm's end state, which only says CANCELLED.
         st.info(f"{plain(state)} — {plain(job['end_reason'])}", icon=":material/block:")
@@ -126,7 +138,7 @@ def header() -> None:
 def gpus(span: dt.timedelta | None) -> None:
     """The GPUs over the chosen window (``span``: its last minutes or hours, ``None``: the whole run)."""
     st.subheader("GPUs")
-    series = data.gpu_series(ref, settings.heatmap_cells, settings.chart_points, span)
+    series = data.gpu_series(ref, settings.heatmap_cells, settings.chart_points, span, measures=UTILISATION)
     if series.empty:
         st.info("No GPU samples for this job: no node daemon or in-process sampler has reported yet.")
         return

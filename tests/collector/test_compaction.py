@@ -166,6 +166,9 @@ def snapshot(conn: psycopg.Connection[Any], client: Any, job: str, start: dt.dat
              "end": midnight + dt.timedelta(seconds=65)})),
         **{f"series_{points}": queries.gpu_series(conn, CLUSTER, job, points=points)
            for points in (5000, 600, 40, 7)},  # 1.5 s to 17 min buckets: samples, then the rollup
+        # The heatmap's read of utilisation alone unpacks only that column of a packed hour.
+        **{f"utilisation_{points}": queries.gpu_series(conn, CLUSTER, job, points=points, measures=queries.UTILISATION)
+           for points in (5000, 40)},
         "zoom": queries.gpu_series(conn, CLUSTER, job, start=midnight - dt.timedelta(seconds=95),
                                    end=midnight + dt.timedelta(seconds=65), points=400),  # 0.4 s buckets
         "zoom_rollup": queries.gpu_series(conn, CLUSTER, job, start=midnight - dt.timedelta(minutes=47),

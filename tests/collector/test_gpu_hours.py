@@ -201,6 +201,29 @@ def test_wide_buckets_read_the_hours_and_give_what_the_minutes_give(
     assert [q for q, _ in narrow] == [queries.GPU_FROM_MINUTES, queries.GPU_FROM_SAMPLES]
 
 
+def test_utilisation_alone_reads_what_the_whole_series_says_of_it(
+    client: Any, conn: psycopg.Connection[Any], job_id: str
+) -> None:
+    """The heatmap's narrow read (``measures=UTILISATION``) at each grain (the hours, the minutes, the
+    samples): the whole series' rows, less the other measures, from statements that compute none of them."""
+    t0 = _hour_ago(7) + 10 * 60 * S
+    _post_all(client, [_run(job_id, t0, 900)])  # 5 hours
+    start_us = t0 - t0 % HOUR_US
+    start, end = _aligned(start_us, 2, 2)
+    for points, grain in ((2, queries.GPU_FROM_HOURS), (20, queries.GPU_FROM_MINUTES), (400, queries.GPU_FROM_SAMPLES)):
+        window = {"start": start, "end": end, "points": points}
+        assert queries.gpu_series_statements(conn, CLUSTER, job_id, **window)[0][0] == grain
+        narrow_statements = queries.gpu_series_statements(conn, CLUSTER, job_id, **window,
+                                                          measures=queries.UTILISATION)
+        assert all("power" not in q and "mem_used" not in q for q, _ in narrow_statements)
+        whole = queries.gpu_series(conn, CLUSTER, job_id, **window)
+        narrow = queries.gpu_series(conn, CLUSTER, job_id, **window, measures=queries.UTILISATION)
+        left_out = set(queries.GPU_MEASURES) - {"util_gpu"}
+        assert whole and narrow == [{k: v for k, v in row.items() if k not in left_out} for row in whole]
+    with pytest.raises(ValueError, match="not a GPU measure: gpu_name"):
+        queries.gpu_series(conn, CLUSTER, job_id, measures=("util_gpu", "gpu_name"))
+
+
 @pytest.fixture
 def conn(database_url: str) -> Iterator[psycopg.Connection[Any]]:
     with psycopg.connect(database_url, autocommit=True, row_factory=dict_row) as c:

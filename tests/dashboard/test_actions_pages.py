@@ -38,6 +38,7 @@ from jobsight.dashboard.identity import Viewer
 from jobsight.dashboard.views.job_actions import timeline
 from tests.conftest import REPO
 from tests.dashboard.conftest import texts
+from tests.dashboard.header_facts import header_facts
 from tests.dashboard.seed import Seed
 from tests.dashboard.test_hostile_markup import markdown_sources, reading
 
@@ -142,7 +143,7 @@ def test_the_job_page_shows_why_jobsight_cancelled_it_and_the_ladder(app_as: Cal
                                                                       acted: str) -> None:
     at = app_as("bob", "views/job.py", cluster=acted, job="act-1")
     _ok(at)
-    assert {m.label: m.value for m in at.metric}["State"] == "CANCELLED"
+    assert header_facts(at)["State"] == "CANCELLED"
     [ended] = [i.value for i in at.info if "— jobsight" in i.value]
     assert reading(ended) == (f"CANCELLED — {REASON}", [])
     lines = _timeline(at)

@@ -14,6 +14,7 @@ from urllib.parse import urlencode
 
 import pytest
 
+from jobsight.dashboard import page_paths
 from tests.collector.test_up import Up
 from tests.conftest import REPO
 from tests.dashboard.seed import Seed
@@ -101,6 +102,12 @@ def test_job_page_renders_charts_without_exceptions(browser: object, seeded: See
             "return performance.getEntriesByType('resource').map(e => new URL(e.name).pathname)"
             ".filter(p => p.endsWith('/_stcore/health'))")
         assert health_checks == ["/_stcore/health"], health_checks
+        # The page loads Streamlit's chart code early (page_paths.chart_code_script), from the address
+        # Streamlit's bundle imports it from: the browser fetched it once.
+        chart_code = driver.execute_script(  # type: ignore[attr-defined]
+            "return performance.getEntriesByType('resource').map(e => new URL(e.name).pathname)"
+            ".filter(p => p.includes('/ArrowVegaLiteChart.'))")
+        assert chart_code == [f"/static/js/{page_paths.chart_code()}"], chart_code
         # The heatmap is one picture (jobsight.dashboard.heatmap_picture); each GPU's row still answers the
         # pointer, through an invisible row over it, with the GPU's mean and its lowest bucket.
         from selenium.webdriver.common.action_chains import ActionChains

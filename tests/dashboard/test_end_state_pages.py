@@ -12,6 +12,7 @@ import psycopg
 import pytest
 from streamlit.testing.v1 import AppTest
 
+from tests.dashboard.header_facts import header_facts
 from tests.dashboard.seed import Seed
 
 
@@ -70,7 +71,7 @@ def test_the_job_page_names_its_state_as_slurm_does(
 ) -> None:
     at = app_as("root", "views/job.py", cluster=ended.cluster, job=ended.jobs[state])
     _ok(at)
-    assert {m.label: m.value for m in at.metric}["State"] == shown
+    assert header_facts(at)["State"] == shown
 
 
 def test_the_audit_counts_gpu_hours_of_timeouts_and_cancelled_jobs(

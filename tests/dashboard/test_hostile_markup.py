@@ -2,9 +2,9 @@
 
 A running job of alice on a cluster of its own, written with SQL as the collector stores it, whose
 name is ``**[click](https://evil)** <img src=x>``, whose partition is Streamlit's colour directive
-``:red[gpu]``, whose nodes are ``<!channel>`` and ``www.evil.example``, with an open finding naming
-that node and the GPU ``<https://evil|https://sso.example.org>``, and a profile whose hint is markup
-too. Through Streamlit's AppTest, every element that renders Markdown holds the escaped form, and
+``:red[gpu]`` and a table's cell edge ``|``, whose nodes are ``<!channel>`` and ``www.evil.example``,
+with an open finding naming that node and the GPU ``<https://evil|https://sso.example.org>``, and a
+profile whose hint is markup too. Through Streamlit's AppTest, every element that renders Markdown holds the escaped form, and
 read as CommonMark (markdown-it, the reference parser's port) it shows the original text and forms no
 link, image or HTML.
 """
@@ -25,13 +25,14 @@ from jobsight.collector.store.partitions import PartitionKeeper
 from jobsight.collector.store.schema import PARTITIONED_TABLES
 from jobsight.dashboard.markup import plain
 from tests.dashboard.conftest import job_sections
+from tests.dashboard.header_facts import header_facts
 from tests.dashboard.seed import Seed
 
 UTC = dt.UTC
 JOB = "evil-1"
 NAME = "**[click](https://evil)** <img src=x>"
 NAME_ESCAPED = r"\*\*\[click\]\(https\://evil\)\*\* \<img src=x\>"
-PARTITION = ":red[gpu]"
+PARTITION = ":red[gpu]|x"
 NODES = ["<!channel>", "www.evil.example"]
 GPU = "<https://evil|https://sso.example.org>"
 FINDING_TITLE = "1 of 1 GPUs idle"
@@ -110,7 +111,10 @@ def test_the_job_page_shows_a_hostile_jobs_strings_as_text(app_as: Callable[...,
 
     assert [t.value for t in at.title] == [f"Job evil-1 · {NAME_ESCAPED}"]
     assert reading(at.title[0].value) == (f"Job evil-1 · {NAME}", [])
-    assert {m.label: m.value for m in at.metric}["Partition"] == r"\:red\[gpu\]"
+    # The header's facts are a Markdown table: the partition's "|" stays in its own cell, as text.
+    facts = header_facts(at, source=True)
+    assert list(facts) == ["User", "Partition", "Nodes", "GPUs", "Elapsed", "GPU-hours", "State"]
+    assert facts["Partition"] == r"\:red\[gpu\]\|x" and header_facts(at)["Partition"] == PARTITION
     assert r"Nodes: \<\!channel\>, www\.evil.example" in [c.value for c in at.caption]
     assert "The link's moment '\\[x\\]\\(https\\://evil\\)' is not a time; showing the whole run." in [
         c.value for c in at.caption]

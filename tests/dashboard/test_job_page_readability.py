@@ -20,6 +20,7 @@ from jobsight.dashboard import charts
 from jobsight.protocol.wire import now_us
 from tests.collector.helpers import gz, post
 from tests.dashboard.conftest import job_sections, sections_texts
+from tests.dashboard.header_facts import header_facts
 from tests.dashboard.seed import Seed
 
 
@@ -103,7 +104,7 @@ def test_a_local_job_page_names_its_user_its_ranks_and_its_cpu_time(
     sections = job_sections(app_as, "root", cluster="default", job=local_job)
     for at in sections.values():
         assert not at.exception, [e.value for e in at.exception]
-        metrics = {m.label: m.value for m in at.metric}
+        metrics = header_facts(at)
         assert metrics["User"] == pwd.getpwuid(os.getuid()).pw_name
         assert metrics["Partition"] == "n/a"
     logs = next(d.value for d in sections["logs"].dataframe if "message" in d.value.columns).set_index("message")

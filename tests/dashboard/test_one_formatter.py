@@ -30,6 +30,7 @@ from jobsight.collector.store.schema import PARTITIONED_TABLES
 from jobsight.rules import display_text, links
 from jobsight.rules.report_text import format_report
 from tests.dashboard.conftest import job_sections, texts
+from tests.dashboard.header_facts import header_facts
 from tests.dashboard.seed import Seed
 
 UTC = dt.UTC
@@ -135,7 +136,7 @@ def test_a_value_reads_the_same_in_the_list_on_the_page_and_in_the_report(
         report = format_report(row, {"final": True, "summary": summary})
         page = app_as("root", "views/job.py", cluster=words.cluster, job=job)
         _ok(page)
-        metrics = {m.label: m.value for m in page.metric}
+        metrics = header_facts(page)
         user = _report_line(report, "User/Account").split("/")[0]
         assert user == metrics["User"] == table.loc[job, "user"] == display_text.user(row)
         assert _report_line(report, "State") == metrics["State"] == table.loc[job, "state"] == "COMPLETED"
@@ -193,7 +194,7 @@ def test_the_job_page_gives_the_reports_advice_and_its_gpu_hours(app_as: Callabl
     said = texts(at)
     assert "Request fewer GPUs (--gres=gpu:N)" in said.replace("\\", "")
     assert "idle_gpu" not in said and "Flags:" not in said
-    assert {m.label: m.value for m in at.metric}["GPU-hours"] == "4.00"
+    assert header_facts(at)["GPU-hours"] == "4.00"
 
 
 def test_the_audit_says_what_its_period_holds_and_how_to_widen_it(app_as: Callable[..., AppTest],

@@ -11,6 +11,7 @@ from streamlit.testing.v1 import AppTest
 
 from jobsight.rules import display_text
 from tests.dashboard.conftest import chart_titles, job_sections, sections_texts, texts
+from tests.dashboard.header_facts import header_facts
 from tests.dashboard.seed import PERIOD, TOTAL_GPU_HOURS, TOTAL_KWH, Seed
 
 
@@ -61,7 +62,9 @@ def test_owner_sees_the_live_job_page(app_as: Callable[..., AppTest], dashboard_
         _ok(at)
     said = sections_texts(sections)
     assert f"Job {dashboard_env.running}" in said and "llm-pretrain" in said
-    assert "User alice" in said and "State RUNNING" in said and "GPUs 2" in said
+    for at in sections.values():  # the header, above whichever section is open
+        facts = header_facts(at)
+        assert (facts["User"], facts["State"], facts["GPUs"]) == ("alice", "RUNNING", "2")
     assert "Straggler rank(s): 1" in said
     assert "Rank 1 waits on the data loader" in said  # diagnosis hint
     # Heatmap, a node's GPU lines, steps, throughput; loss and lr; energy per epoch; the profile's breakdown.
@@ -93,7 +96,7 @@ def test_user_cannot_open_another_users_job(app_as: Callable[..., AppTest], dash
 def test_admin_can_open_any_job(app_as: Callable[..., AppTest], dashboard_env: Seed) -> None:
     at = app_as("root", "views/job.py", cluster=dashboard_env.cluster, job=dashboard_env.running)
     _ok(at)
-    assert "User alice" in texts(at) and at.get("vega_lite_chart")
+    assert header_facts(at)["User"] == "alice" and at.get("vega_lite_chart")
 
 
 def test_finished_job_without_series_shows_empty_states(app_as: Callable[..., AppTest], dashboard_env: Seed) -> None:
@@ -102,7 +105,7 @@ def test_finished_job_without_series_shows_empty_states(app_as: Callable[..., Ap
         _ok(at)
     said = sections_texts(sections)
     assert "No GPU samples" in said and "No step timings" in said and "No profiles" in said
-    assert "State COMPLETED" in said
+    assert all(header_facts(at)["State"] == "COMPLETED" for at in sections.values())
 
 
 def test_profile_request_is_stored(app_as: Callable[..., AppTest], dashboard_env: Seed, db: object) -> None:

@@ -37,3 +37,13 @@ def test_the_page_names_its_server_before_streamlits_scripts_load() -> None:
     assert html.count(page_paths.BASE_URL_SCRIPT) == 1
     # Streamlit reads and freezes window.__streamlit as its bundle loads: the setting is the page's first script.
     assert html.index("<script") == html.index(page_paths.BASE_URL_SCRIPT) < html.index("static/js/")
+
+
+def test_the_page_loads_streamlits_chart_code_once_it_has_loaded() -> None:
+    """The chart code this Streamlit release ships is named, once, after Streamlit's own scripts; an
+    upgrade that renames it fails here rather than silently losing the early load."""
+    code = page_paths.chart_code()
+    assert code is not None and code.startswith("ArrowVegaLiteChart.") and code.endswith(".js")
+    html = page_paths.page_html()
+    assert html.count(page_paths.chart_code_script(code)) == 1
+    assert html.index("static/js/index.") < html.index(page_paths.chart_code_script(code)) < html.index("</head>")

@@ -27,6 +27,7 @@ import psycopg
 import pytest
 
 from tests.conftest import LiveCollector
+from tests.dashboard.header_facts import header_facts
 from tests.slurm.job_page import open_job_page
 from tests.slurm.slurm_commands import SBATCH, SCANCEL, SCONTROL
 from tests.slurm.test_e2e import FINAL_STATES, SLURM_BINARIES, _free_port, _setup_cluster, _unavailable, job_state
@@ -168,7 +169,7 @@ def test_exit_3_is_failed_with_3_and_the_job_page_says_so_as_slurm_does(
     assert ends.stored(job) == ("failed", 3)
     # The job page (an admin, through the dashboard's own sign-in path) reads the stored row.
     at = open_job_page(ends.database_url, job, monkeypatch)
-    assert {m.label: m.value for m in at.metric}["State"] == "FAILED (exit code 3)"
+    assert header_facts(at)["State"] == "FAILED (exit code 3)"
 
 
 def test_a_job_over_its_mem_is_out_of_memory(ends: Ends) -> None:
