@@ -4,9 +4,9 @@ A running job of alice on a cluster of its own, written with SQL as the collecto
 name is ``**[click](https://evil)** <img src=x>``, whose partition is Streamlit's colour directive
 ``:red[gpu]`` and a table's cell edge ``|``, whose nodes are ``<!channel>`` and ``www.evil.example``,
 with an open finding naming that node and the GPU ``<https://evil|https://sso.example.org>``, and a
-profile whose hint is markup too. Through Streamlit's AppTest, every element that renders Markdown holds the escaped form, and
-read as CommonMark (markdown-it, the reference parser's port) it shows the original text and forms no
-link, image or HTML.
+profile whose hint is markup too. Through Streamlit's AppTest, every element that renders Markdown holds
+the escaped form, and read as CommonMark (markdown-it, the reference parser's port) it shows the
+original text and forms no link, image or HTML.
 """
 
 from __future__ import annotations
