@@ -346,7 +346,8 @@ def gpu_heatmap(frame: pd.DataFrame, domain: Domain) -> alt.LayerChart:
     # of the schema, some milliseconds a channel on every page load.
     x, x2 = time_x(domain, "start"), alt.X2("end")
     image = pd.DataFrame({"start": [drawn.start], "end": [drawn.end], "buckets": [drawn.buckets], "url": [drawn.url]})
-    picture = alt.Chart(vega.as_sent(image)).mark_image(clip=True, aspect=False, aria=False).encode(
+    picture = alt.Chart(vega.as_sent(image)).mark_image(
+        clip=True, aspect=False, aria=False, smooth=drawn.smooth).encode(
         x=x, x2=x2, y=_PLOT_TOP, y2=_PLOT_BOTTOM, url=alt.Url("url", type="nominal"))
     rows = pd.DataFrame({"gpu": order, "start": drawn.start, "end": drawn.end, "tip": row_tips(cells, order)})
     hover = alt.Chart(vega.as_sent(rows)).mark_rect(

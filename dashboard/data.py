@@ -223,10 +223,12 @@ def metric_series(ref: JobRef, points: int, most: int, span: dt.timedelta | None
 def _markers(cluster: str, job_id: str) -> pd.DataFrame:
     """Timeline markers: warnings and errors from the log, epoch starts, profiling windows, and the
     Xid errors its GPUs reported ("Xid 79 (GPU fell off the bus) on n1/3")."""
-    logs = _read(log_queries.log_events, cluster, job_id, level="WARNING", limit=200)
-    epochs = _read(queries.epoch_starts, cluster, job_id)
-    windows = _read(profile_queries.profile_windows, cluster, job_id)
-    xids = _read(gpu_event_queries.job_xids, cluster, job_id)
+    def read_all(conn: Connection) -> tuple[list[dict[str, Any]], ...]:  # one transaction, not four
+        return (log_queries.log_events(conn, cluster, job_id, level="WARNING", limit=200),
+                queries.epoch_starts(conn, cluster, job_id), profile_queries.profile_windows(conn, cluster, job_id),
+                gpu_event_queries.job_xids(conn, cluster, job_id))
+
+    logs, epochs, windows, xids = _read(read_all)
     rows = [{"kind": f"log {r['level'].lower()}", "start": r["ts"], "end": r["ts"], "label": r["message"][:120]}
             for r in logs]
     rows += [{"kind": "epoch", "start": r["ts"], "end": r["ts"], "label": f"epoch {r['epoch']}"} for r in epochs]

@@ -31,11 +31,19 @@ _STOPS: Final = np.array([[int(VIRIDIS[i + j:i + j + 2], 16) for j in (0, 2, 4)]
 
 UTILISATION_DOMAIN: Final = (0.0, 100.0)
 MIN_PICTURE_PX: Final = (1536, 512)
-"""The picture is at least this many pixels wide and tall, a bucket repeated across several
-pixels when there are fewer buckets, a GPU's row down several when there are fewer GPUs: the browser
-smooths a picture it resizes, and twelve one-pixel buckets (or two one-pixel rows) stretched across a
-page would blur into a gradient that reads as data. Shrunk instead, a picture's neighbouring buckets
-blend into a pixel, as cells narrower than a pixel did."""
+"""A picture of more than :data:`CRISP_MAX_BUCKETS` buckets is at least this many pixels wide and tall,
+a bucket repeated across several pixels when there are fewer buckets, a GPU's row down several when
+there are fewer GPUs: such a picture is drawn smoothed, and the browser smooths a picture it resizes,
+so two one-pixel rows stretched down a page would blur into a gradient that reads as data. Shrunk
+instead, a picture's neighbouring buckets blend into a pixel, as cells narrower than a pixel did."""
+
+CRISP_MAX_BUCKETS: Final = 512
+"""At most this many buckets, the picture has one pixel a cell and is drawn unsmoothed (Vega's image
+``smooth: false``): the browser only enlarges it, a cell into a block of pixels, since the heatmap is
+wider than this on any screen (the dashboard's layout is wide) and gives a GPU at least three pixels
+of height (``charts._heatmap_px``). A 64-GPU job's recent window is 125 buckets: 8,000 pixels to
+encode and decode, not 786,432. Unsmoothed, a shrunk picture would drop whole buckets, so more
+buckets than this are repeated to :data:`MIN_PICTURE_PX` and smoothed."""
 
 
 def colours(values: npt.NDArray[np.float64]) -> npt.NDArray[np.uint8]:
@@ -86,6 +94,8 @@ class Picture:
     buckets: int
     url: str
     """The picture as a ``data:`` URL (PNG)."""
+    smooth: bool
+    """Whether the browser may smooth it as it resizes it (:data:`CRISP_MAX_BUCKETS`)."""
 
 
 def picture(cells: pd.DataFrame, width: pd.Timedelta, gpus: Sequence[str]) -> Picture:
@@ -97,6 +107,9 @@ def picture(cells: pd.DataFrame, width: pd.Timedelta, gpus: Sequence[str]) -> Pi
     column = ((cells["bucket"] - first) / width).round().astype(int).to_numpy()
     grid = np.full((len(gpus), buckets), np.nan)
     grid[pd.Index(gpus).get_indexer(cells["gpu"]), column] = cells["util_gpu"].astype(float).to_numpy()
+    if buckets <= CRISP_MAX_BUCKETS:
+        return Picture(first, last + width, buckets, data_url(colours(grid)), smooth=False)
     repeat = max(1, math.ceil(MIN_PICTURE_PX[0] / buckets))
     row_px = max(1, math.ceil(MIN_PICTURE_PX[1] / len(gpus)))
-    return Picture(first, last + width, buckets, data_url(np.repeat(colours(grid), repeat, axis=1), row_px))
+    return Picture(first, last + width, buckets, data_url(np.repeat(colours(grid), repeat, axis=1), row_px),
+                   smooth=True)

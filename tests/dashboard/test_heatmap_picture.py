@@ -61,9 +61,26 @@ def test_the_picture_has_a_row_a_gpu_in_order_and_leaves_missing_buckets_empty()
     drawn = heatmap_picture.picture(cells, width, ["n1:0", "n2:0"])
     assert (drawn.start, drawn.end, drawn.buckets) == (start, start + 4 * width, 4)
     pixels = drawn_heatmap.pixels_of(drawn.url)
-    # Wide and tall enough that the browser shrinks it (smoothing blurs what it stretches).
-    assert pixels.shape[1] >= heatmap_picture.MIN_PICTURE_PX[0] and pixels.shape[0] >= heatmap_picture.MIN_PICTURE_PX[1]
-    grid = pixels[:: pixels.shape[0] // 2, :: pixels.shape[1] // 4]
+    # Few buckets: a pixel a cell, drawn unsmoothed (the browser enlarges it into blocks, no gradient).
+    assert pixels.shape == (2, 4, 4) and drawn.smooth is False
+    grid = pixels
     assert [tuple(grid[0, c]) for c in (0, 3)] == [drawn_heatmap.colour(20.0), drawn_heatmap.colour(10.0)]
     assert tuple(grid[1, 0]) == drawn_heatmap.colour(90.0)
     assert grid[0, 1:3, 3].tolist() == [0, 0] and grid[1, 1:, 3].tolist() == [0, 0, 0]
+
+
+@pytest.mark.parametrize(("buckets", "gpus"), [(heatmap_picture.CRISP_MAX_BUCKETS + 1, 2), (2000, 64)])
+def test_a_picture_of_many_buckets_is_large_enough_to_be_shrunk_smoothed(buckets: int, gpus: int) -> None:
+    """Past CRISP_MAX_BUCKETS the browser may shrink the picture, which unsmoothed would drop buckets: it is
+    drawn smoothed, at least MIN_PICTURE_PX, each cell a block of one colour (smoothing blurs what it stretches)."""
+    start, width = pd.Timestamp("2026-11-28T10:00:00Z"), pd.Timedelta(seconds=1)
+    values = np.arange(buckets * gpus, dtype=float) % 101
+    cells = pd.DataFrame({"gpu": np.repeat([f"n1:{g}" for g in range(gpus)], buckets),
+                          "bucket": np.tile(start + width * np.arange(buckets), gpus), "util_gpu": values})
+    drawn = heatmap_picture.picture(cells, width, [f"n1:{g}" for g in range(gpus)])
+    pixels = drawn_heatmap.pixels_of(drawn.url)
+    assert drawn.smooth is True and drawn.buckets == buckets
+    assert pixels.shape[1] >= heatmap_picture.MIN_PICTURE_PX[0] and pixels.shape[0] >= heatmap_picture.MIN_PICTURE_PX[1]
+    frame = pd.DataFrame({"url": [drawn.url], "buckets": [buckets], "start": [drawn.start], "end": [drawn.end]})
+    drawn_cells = drawn_heatmap.cells([frame, pd.DataFrame({"gpu": [f"n1:{g}" for g in range(gpus)], "tip": ""})])
+    assert [tuple(c) for c in drawn_cells["rgba"]] == [drawn_heatmap.colour(v) for v in values]
