@@ -97,9 +97,10 @@ def axis_format(domain: Domain | None) -> str:
 
 
 def time_tooltip(field: str = "bucket", title: str = "time") -> alt.Tooltip:
-    """A time in a tooltip, in the axes' zone (a UTC time unit makes Vega-Lite format it in UTC)."""
-    return alt.Tooltip(field, type="temporal", timeUnit="utcyearmonthdatehoursminutesseconds",
-                       format=_TOOLTIP_FORMAT, title=f"{title} ({TIME_ZONE})")
+    """A time in a tooltip, in the axes' zone: formatted by Vega's ``utcFormat``, which takes a date or
+    epoch milliseconds alike. No time unit: Vega-Lite computes a time unit for every row as the chart
+    is drawn, and it needs each row's time parsed into a date first (:func:`vega.as_sent` skips that)."""
+    return alt.Tooltip(field, type="temporal", format=_TOOLTIP_FORMAT, formatType="utc", title=f"{title} ({TIME_ZONE})")
 
 
 def fit_lines(frame: pd.DataFrame, by: Sequence[str], budget: int, how: Mapping[str, str]) -> pd.DataFrame:
@@ -309,7 +310,7 @@ def gpu_lines(frame: pd.DataFrame, metric: str, node: str, domain: Domain, overl
     title, scale = GPU_METRICS[metric]
     shown = gpu_line_rows(frame, metric, node, budget)
     # Vega-Lite's default, named because the outages' gaps rest on it: a path breaks at a row with no value.
-    lines = alt.Chart(shown).mark_line(interpolate="step-after", clip=True,
+    lines = alt.Chart(vega.as_sent(shown)).mark_line(interpolate="step-after", clip=True,
                                        invalid="break-paths-show-path-domains").encode(
         x=time_x(domain), y=alt.Y(f"{metric}:Q", title=title, scale=scale),
         color=alt.Color("gpu:N", legend=series_legend("GPU", shown["gpu"].nunique())),
@@ -458,7 +459,7 @@ def _labelled(view: StepView) -> pd.DataFrame:
 def _band_layers(band: pd.DataFrame, domain: Domain, y_title: str) -> list[alt.Chart]:
     """The band (10th–90th percentile across ranks, :data:`BAND_QUANTILES`) and its median line."""
     low, high = (round(q * 100) for q in BAND_QUANTILES)
-    base = alt.Chart(band).encode(x=time_x(domain))
+    base = alt.Chart(vega.as_sent(band)).encode(x=time_x(domain))
     band_tooltip = [time_tooltip(), alt.Tooltip("median:Q", format=".3f"),
                     alt.Tooltip("low:Q", format=".3f", title=f"p{low}"),
                     alt.Tooltip("high:Q", format=".3f", title=f"p{high}"), alt.Tooltip("ranks:Q")]
@@ -471,7 +472,8 @@ def _band_layers(band: pd.DataFrame, domain: Domain, y_title: str) -> list[alt.C
 
 def _outlier_lines(view: StepView, lines: pd.DataFrame, field: str, domain: Domain, y_title: str) -> alt.Chart:
     """The ranks drawn alone, a layer of their own over the band: stragglers red and thicker."""
-    chart: alt.Chart = alt.Chart(lines).mark_line(interpolate="step-after").encode(
+    drawn = vega.as_sent(lines[["rank", "bucket", field, "label", "straggler", "last_step"]])
+    chart: alt.Chart = alt.Chart(drawn).mark_line(interpolate="step-after").encode(
         x=time_x(domain), y=alt.Y(f"{field}:Q", title=y_title), detail=alt.Detail("rank:N"),
         color=alt.Color("label:N", title="drawn alone", scale=_outlier_colours(view)),
         strokeWidth=_straggler_width(1.5),
@@ -483,7 +485,9 @@ def _outlier_lines(view: StepView, lines: pd.DataFrame, field: str, domain: Doma
 def _per_rank(view: StepView, field: str, domain: Domain, y_title: str, title: str | alt.TitleParams,
               plot_px: int) -> alt.Chart:
     """Few ranks: a line per rank of ``field``, stragglers red."""
-    lines = _labelled(view).dropna(subset=[field])
+    # What the chart draws and tells, no more: a 2-rank job's recent window is 1,800 rows, and the
+    # browser turns each cell sent into a value.
+    lines = vega.as_sent(_labelled(view).dropna(subset=[field])[["rank", "bucket", field, "straggler", "last_step"]])
     chart: alt.Chart = alt.Chart(lines).mark_line().encode(
         x=time_x(domain), y=alt.Y(f"{field}:Q", title=y_title), detail=alt.Detail("rank:N"),
         color=alt.Color("straggler:N", scale=_STRAGGLER_COLOURS, title=None),
@@ -554,7 +558,7 @@ def metric_chart(frame: pd.DataFrame, name: str, domain: Domain, budget: int) ->
     data = frame.loc[frame["name"] == name, ["rank", "bucket", "step", "value"]].assign(
         rank=lambda f: f["rank"].fillna(-1).astype(int))
     data = fit_lines(data, ["rank"], budget, {"value": "mean", "step": "max"})
-    chart: alt.Chart = alt.Chart(data).mark_line().encode(
+    chart: alt.Chart = alt.Chart(vega.as_sent(data)).mark_line().encode(
         x=time_x(domain), y=alt.Y("value:Q", title=name, scale=alt.Scale(zero=False)),
         color=alt.Color("rank:N", legend=series_legend("rank", data["rank"].nunique())),
         tooltip=["rank:N", time_tooltip(), "step:Q", alt.Tooltip("value:Q", format=".4g")],
@@ -598,7 +602,7 @@ def throughput_chart(steps: pd.DataFrame, domain: Domain) -> alt.Chart:
     """Samples per second summed over ranks (:func:`throughput_rows`), on the page's one time axis, its
     axis in SI units (``50k``) from zero."""
     rows = throughput_rows(steps)
-    chart: alt.Chart = alt.Chart(rows).mark_line(interpolate="step-after").encode(
+    chart: alt.Chart = alt.Chart(vega.as_sent(rows)).mark_line(interpolate="step-after").encode(
         x=time_x(domain),
         y=alt.Y(f"{THROUGHPUT_FIELD}:Q", title="samples/s", scale=alt.Scale(zero=True),
                 axis=alt.Axis(format="~s", tickCount=4)),

@@ -141,15 +141,31 @@ def _finding(ref: data.JobRef, finding: Mapping[str, Any]) -> None:
     left, right = st.columns([1, 2])
     left.page_link(JOB_PAGE, label=f"Show {moment:%H:%M:%S} UTC in the timeline", icon=":material/timeline:",
                    query_params=links.job_query(ref.cluster, ref.job_id, moment))
-    with right.expander("Evidence"):
-        tables.show(evidence_table(finding["evidence"]))
+    # Drawn when opened (a rerun of the banner), not with the page: a table is one of the costliest
+    # things a browser draws, and most readers never open it (docs/scale.md).
+    evidence = right.expander("Evidence", key=evidence_key(finding), on_change="rerun")
+    if evidence.open:
+        with evidence:
+            tables.show(evidence_table(finding["evidence"]))
+
+
+def evidence_key(finding: Mapping[str, Any]) -> str:
+    """The widget key of a finding's "Evidence" expander: its state (open or not) is the session's."""
+    return f"health_evidence_{finding['id']}"
 
 
 _TIME = st.column_config.DatetimeColumn(format="YYYY-MM-DD HH:mm:ss", timezone="UTC")
 
 
+HISTORY_KEY: Final = "health_history"
+"""The widget key of the "History" expander (open or not, as :func:`evidence_key`'s)."""
+
+
 def _history(resolved: list[dict[str, Any]]) -> None:
-    with st.expander(f"History: {len(resolved)} resolved finding(s)", expanded=False):
+    history = st.expander(f"History: {len(resolved)} resolved finding(s)", key=HISTORY_KEY, on_change="rerun")
+    if not history.open:
+        return
+    with history:
         tables.show(pd.DataFrame({
             "health": [mark(f) for f in resolved], "subject": [f["subject"] or "job" for f in resolved],
             "title": [f["title"] for f in resolved], "opened (UTC)": [f["opened_at"] for f in resolved],

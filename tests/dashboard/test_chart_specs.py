@@ -38,6 +38,33 @@ def test_every_chart_of_a_big_jobs_page_is_a_valid_spec(app_as: Callable[..., Ap
     # The heatmap, two nodes' GPU lines, the step band, throughput and the metrics at least.
     assert len(specs) >= 6
     _check(specs)
+    # Every time in a tooltip is formatted by utcFormat, with no time unit: a time unit is computed for
+    # every row as the chart is drawn and needs each row's time parsed into a date first, which the
+    # time charts' data skip (vega.as_sent).
+    times = [t for spec in specs for t in _tooltips(spec) if t.get("type") == "temporal"]
+    assert len(times) >= 5 and all(t.get("formatType") == "utc" and "timeUnit" not in t for t in times), times
+    parses = [d["format"]["parse"] for spec in specs for d in _data(spec) if "format" in d]
+    assert len(parses) >= 5 and set(parses) == {None}
+
+
+def _tooltips(node: Any) -> list[dict[str, Any]]:
+    """Every tooltip field of a spec, at any depth."""
+    if isinstance(node, list):
+        return [t for child in node for t in _tooltips(child)]
+    if not isinstance(node, dict):
+        return []
+    found = [t for t in node["tooltip"] if isinstance(t, dict)] if isinstance(node.get("tooltip"), list) else []
+    return found + [t for key, child in node.items() if key != "tooltip" for t in _tooltips(child)]
+
+
+def _data(node: Any) -> list[dict[str, Any]]:
+    """Every layer's ``data`` of a spec, at any depth."""
+    if isinstance(node, list):
+        return [d for child in node for d in _data(child)]
+    if not isinstance(node, dict):
+        return []
+    own = [node["data"]] if isinstance(node.get("data"), dict) else []
+    return own + [d for key, child in node.items() if key not in ("data", "datasets") for d in _data(child)]
 
 
 def test_every_chart_of_a_profiled_job_and_the_audit_is_a_valid_spec(app_as: Callable[..., AppTest],

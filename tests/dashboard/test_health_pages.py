@@ -35,6 +35,7 @@ from jobsight.collector.store.partitions import PartitionKeeper
 from jobsight.collector.store.schema import PARTITIONED_TABLES
 from jobsight.collector.tiers.rollup import rebuild_minutes
 from jobsight.collector.tiers.step_rollup import rebuild as rebuild_steps
+from jobsight.dashboard.views import job_health
 from jobsight.rules import display_text
 from tests.dashboard import drawn_heatmap
 from tests.dashboard.conftest import texts
@@ -197,13 +198,24 @@ def _timeline_links(at: AppTest) -> list[Any]:
 
 
 def test_banner_shows_the_hung_finding_first_with_its_evidence_and_timeline_link(
-        app_as: Callable[..., AppTest], health: Health) -> None:
+        app_as: Callable[..., AppTest], health: Health, database_url: str) -> None:
     at = app_as("alice", "views/job.py", cluster=health.cluster, job=health.hung)
     _ok(at)
     boxes = [(kind, text) for kind, text in _in_order(at) if "Open since" in text]
     assert [kind for kind, _ in boxes] == ["error", "warning"]  # the critical one first, in error style
     assert HUNG_TITLE in boxes[0][1] and "960× its usual 0.50 s" in boxes[0][1]
     assert LOW_TITLE in boxes[1][1]
+    # The evidence and the history are drawn when opened, not with the page.
+    assert not at.dataframe
+    assert [e.label for e in at.expander] == ["Evidence", "Evidence", "History: 1 resolved finding(s)"]
+    with psycopg.connect(database_url) as conn:
+        hung = conn.execute("SELECT id FROM findings WHERE cluster = %s AND title = %s",
+                            (health.cluster, HUNG_TITLE)).fetchone()
+    assert hung is not None
+    at.session_state[job_health.evidence_key({"id": hung[0]})] = True
+    at.session_state[job_health.HISTORY_KEY] = True
+    at.run()
+    _ok(at)
     evidence = next(d.value for d in at.dataframe if list(d.value.columns) == ["name", "value"]).set_index("name")
     assert evidence.loc["rank 1 › silent (s)", "value"] == "480"  # ranks.1.silent_s, in words
     assert evidence.loc["rank 1 › last step at", "value"] == f"{health.stopped:%Y-%m-%d %H:%M:%S} UTC"
