@@ -4,7 +4,8 @@
     python bench/live_pages.py --pages 10 --nodes 2 --live-s 30
 
 It starts its own stack (bench/stack.py: an embedded PostgreSQL and the collector), seeds one running
-job (8 GPUs a node, 30 minutes at 1 Hz, as bench/browser_page.py does) and serves the dashboard as
+job (8 GPUs a node, 30 minutes at 1 Hz, as bench/browser_page.py does, and kept running by
+bench/live_feed.py: a sample and a step a second through ingest) and serves the dashboard as
 ``jobsight dashboard`` runs it, with its one pool of ``data.READ_CONNECTIONS`` connections. Then, in
 one headless Chromium:
 
@@ -43,6 +44,7 @@ from bench.browser_page import (  # noqa: E402
     settle,
     timed_load,
 )
+from bench.live_feed import live_feed  # noqa: E402
 from bench.stack import running_stack  # noqa: E402
 from jobsight.dashboard.settings import load_dashboard_settings  # noqa: E402
 
@@ -117,7 +119,9 @@ def main() -> None:
           flush=True)
     with running_stack() as stack:
         (job,) = seed(stack, [(args.nodes, 8)])
-        with dashboard(stack, {}) as url, chromium() as driver:
+        # Kept running (a sample and a step a second), as a live page's job is: left as seeded, it was
+        # judged hung a few minutes in, and the pages drew a hung job's banner from then on.
+        with live_feed(stack, CLUSTER, [job]), dashboard(stack, {}) as url, chromium() as driver:
             driver.set_script_timeout(120)
             page = f"{url}/job?{urlencode({'cluster': CLUSTER, 'job': job.job_id})}"
             charts = settle(driver, page)
