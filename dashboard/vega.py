@@ -21,6 +21,7 @@ from typing import Any, Final
 import altair as alt
 import pandas as pd
 import streamlit as st
+from altair.utils import schemapi
 from altair.vegalite.v6.schema import core
 
 TRANSFORMER: Final = "jobsight_named_datasets"
@@ -65,6 +66,10 @@ def _by_name(data: Any, datasets: dict[str, Any]) -> dict[str, Any]:
 
 
 alt.data_transformers.register(TRANSFORMER, _by_name)
+# Altair checks every schema object it makes against its part of the Vega-Lite schema as it is made
+# ("debug mode"): a few hundred checks on every job page load, about 20 ms of its server time, for the
+# same charts from the same code every time. The tests check every chart builder's whole spec instead.
+schemapi.disable_debug_mode()
 
 
 class Layers(alt.LayerChart):
