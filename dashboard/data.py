@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import datetime as dt
 import os
-import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -103,28 +102,6 @@ def _read_from(url: str, outage: read_outage.ReadOutage, fn: Callable[..., T], *
                 raise problem from exc
             if time.monotonic() >= deadline:
                 raise read_outage.Unreadable("busy", str(exc)) from exc
-
-
-def read_ahead(*reads: Callable[[], object]) -> None:
-    """Start each of ``reads`` (calls of this module's cached readers) now, on a thread of its own, while
-    the page draws what comes before them; the page then calls the same readers where it draws their
-    parts and finds the results cached, or waits for the one read under way (Streamlit computes a
-    cached value once, under a lock of its key). A page's reads are mostly the database's time and its
-    drawing mostly this process's, so the two overlap instead of adding up: the job page's GPUs, steps
-    and markers are read while its header and health are drawn (docs/scale.md).
-
-    A read ahead has no Streamlit run of its own and draws nothing: a read that fails raises there
-    (:func:`jobsight.dashboard.read_outage.stop_page` outside a run), is dropped, and the page's own call
-    meets the outage, which the failed read has already recorded, and says it in words."""
-    for read in reads:
-        threading.Thread(target=_ahead, args=(read,), name="jobsight-read-ahead", daemon=True).start()
-
-
-def _ahead(read: Callable[[], object]) -> None:
-    try:
-        read()
-    except Exception:  # noqa: BLE001, S110 - the page's own call of the same read says what went wrong
-        pass
 
 
 def _frame(rows: Sequence[dict[str, Any]], columns: Sequence[str] = ()) -> pd.DataFrame:

@@ -352,20 +352,16 @@ def profiles() -> None:
         tables.show(requests)
 
 
-window = time_window.param(running)
-details = job_details.param()
-url_state.restore([window, details])
-span = time_window.span(st.session_state.get(time_window.KEY))
-# What the GPUs and steps sections read is read while the header, health and actions are drawn.
-data.read_ahead(lambda: data.gpu_series(ref, settings.heatmap_cells, settings.chart_points, span, measures=UTILISATION),
-                lambda: data.step_series(ref, settings.heatmap_cells, settings.chart_points, span),
-                lambda: data.markers(ref))
 header()
 job_health.show(ref, first, running, every)
 job_actions.show(ref, every)
+window = time_window.param(running)
+details = job_details.param()
+url_state.restore([window, details])
 st.radio("Time window", list(time_window.SPANS), key=time_window.KEY, horizontal=True,
          help="The recent window is drawn at the sampling's own resolution; longer ones from the per-minute "
               "and per-hour rollups.")
+span = time_window.span(st.session_state.get(time_window.KEY))
 gpus(span)
 training(span)
 # The details, one at a time and none until chosen (jobsight.dashboard.job_details).
