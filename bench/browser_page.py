@@ -101,8 +101,8 @@ def page_reads(job: str, settings: DashboardSettings) -> dict[str, Callable[[psy
     cells, most, span = settings.heatmap_cells, settings.chart_points, time_window.SPANS[time_window.RECENT]
     return {
         "job": lambda conn: get_job(conn, CLUSTER, job),
-        "gpus": lambda conn: grids.read_gpu_grid(conn, CLUSTER, job, cells, most, span=span,
-                                                 measures=queries.UTILISATION),
+        "gpus": lambda conn: grids.read_gpu_grid_by_gpu(conn, CLUSTER, job, cells, most, span=span,
+                                                        measures=queries.UTILISATION),
         "markers": lambda conn: (log_queries.log_events(conn, CLUSTER, job, level="WARNING", limit=200),
                                  queries.epoch_starts(conn, CLUSTER, job),
                                  profile_queries.profile_windows(conn, CLUSTER, job)),

@@ -31,7 +31,7 @@ from jobsight.collector.query import logs as log_queries
 from jobsight.collector.query import profiles as profile_queries
 from jobsight.collector.query import series as queries
 from jobsight.collector.query.carbon_intensity import CarbonIntensity
-from jobsight.collector.query.grids import read_gpu_grid, read_metric_grid, read_step_grid
+from jobsight.collector.query.grids import read_gpu_grid_by_gpu, read_metric_grid, read_step_grid
 from jobsight.collector.query.jobs import get_job, list_jobs
 from jobsight.collector.query.series import GPU_MEASURES, GpuMeasures
 from jobsight.collector.query.suspects import suspect_gpus
@@ -43,7 +43,7 @@ from jobsight.collector.store.db import (
     open_pool,
     unit_of_work,
 )
-from jobsight.dashboard import read_outage
+from jobsight.dashboard import gpu_columns, read_outage
 from jobsight.dashboard.identity import Viewer
 from jobsight.dashboard.settings import dashboard_settings
 from jobsight.rules.hardware_cause import xid_text
@@ -172,8 +172,8 @@ def open_job(viewer: Viewer, cluster: str, job_id: str) -> JobAccess:
 @st.cache_data(ttl=TTL, show_spinner=False)
 def _gpu(cluster: str, job_id: str, cells: int, most: int, span: dt.timedelta | None,
          measures: GpuMeasures) -> pd.DataFrame:
-    return _frame(_read(read_gpu_grid, cluster, job_id, cells, most, span=span, measures=measures),
-                  ("node", "gpu_index", "bucket", "bucket_s", "interval_s", *measures))
+    return gpu_columns.frame(_read(read_gpu_grid_by_gpu, cluster, job_id, cells, most, span=span, measures=measures),
+                             measures)
 
 
 def gpu_series(ref: JobRef, cells: int, most: int, span: dt.timedelta | None = None, *,

@@ -12,6 +12,7 @@ from __future__ import annotations
 import datetime as dt
 import functools
 import math
+import operator
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
@@ -41,7 +42,8 @@ SeriesCount = Callable[[Sequence[dict[str, Any]]], int]
 
 def _distinct(*key: str) -> SeriesCount:
     """Series named by ``key``: all of them share the budget (the heatmap's GPUs, the band's ranks)."""
-    return lambda rows: len({tuple(r.get(k) for k in key) for r in rows})
+    name = operator.itemgetter(*key)
+    return lambda rows: len(set(map(name, rows)))
 
 
 def _most_ranks_per_metric(rows: Sequence[dict[str, Any]]) -> int:
@@ -196,10 +198,27 @@ def read_gpu_grid(conn: Connection, cluster: str, job_id: str, cells: int, most:
     the sampling interval (:func:`sampling_points`): a cell a sample, past ``cells`` if need be.
     ``measures``: which of the series' measures to compute (:func:`series.gpu_series`)."""
 
+    return _read_gpus(conn, functools.partial(series.gpu_series, measures=measures), cluster, job_id, cells, most,
+                      span)
+
+
+def read_gpu_grid_by_gpu(conn: Connection, cluster: str, job_id: str, cells: int, most: int, *,
+                         span: dt.timedelta | None = None,
+                         measures: series.GpuMeasures = series.GPU_MEASURES) -> list[dict[str, Any]]:
+    """:func:`read_gpu_grid`'s buckets as a row a GPU, its buckets and values as arrays
+    (:func:`series.gpu_series_by_gpu`): what a page turns into a frame column by column."""
+    return _read_gpus(conn, functools.partial(series.gpu_series_by_gpu, measures=measures), cluster, job_id, cells,
+                      most, span)
+
+
+def _read_gpus(conn: Connection, read: Callable[..., list[dict[str, Any]]], cluster: str, job_id: str, cells: int,
+               most: int, span: dt.timedelta | None) -> list[dict[str, Any]]:
+    """The GPU grid's rules (:func:`read_gpu_grid`) over ``read``, a GPU series query: its rows, or a GPU's
+    row, name the GPU (node, index, MIG device), its first ``bucket`` and its ``samples``."""
+
     def interval(window: TimeRange) -> float | None:
         return sampling.sampling_interval(conn, cluster, job_id, window)
 
-    read = functools.partial(series.gpu_series, measures=measures)
     return _read_grid(conn, read, "gpu_samples", _distinct("node", "gpu_index", "mig_uuid"), cluster,
                       job_id, cells, most, rollup=GPU_ROLLUP, snap=True, span=span, interval=interval)
 

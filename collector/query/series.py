@@ -195,8 +195,56 @@ def gpu_series(
     inside one takes all of it. A job with no rollup rows (ingested before the rollup existed)
     reads the samples.
     """
+    return _read_gpu_statements(conn, gpu_series_statements(conn, cluster, job_id, start=start, end=end,
+                                                            points=points, measures=measures))
+
+
+def gpu_series_by_gpu(
+    conn: Connection,
+    cluster: str,
+    job_id: str,
+    *,
+    start: dt.datetime | None = None,
+    end: dt.datetime | None = None,
+    points: int = 500,
+    measures: GpuMeasures = GPU_MEASURES,
+) -> list[dict[str, Any]]:
+    """:func:`gpu_series` as a row a GPU: its ``node``, ``gpu_index`` and ``mig_uuid``; its first
+    ``bucket`` and the ``samples`` of all its buckets (what a grid's probe counts); ``bucket_s`` and
+    ``interval_s``; and, in bucket order, each bucket's start in microseconds since the epoch
+    (``bucket_us``) and each of ``measures``, an array each. The same buckets and values as
+    :func:`gpu_series`'s rows, which a page would otherwise turn into Python objects one value at a time:
+    a 64-GPU job's recent window is 8,000 rows of ten columns (docs/scale.md)."""
     statements = gpu_series_statements(conn, cluster, job_id, start=start, end=end, points=points,
                                        measures=measures)
+    by_gpu = _by_gpu_statement(_measures(measures))
+    return _read_gpu_statements(conn, [(by_gpu.format(rows=_unordered(query)), params)
+                                       for query, params in statements])
+
+
+def _by_gpu_statement(measures: GpuMeasures) -> str:
+    """A GPU series' rows (``{rows}``, a statement of :func:`gpu_series_statements`) as a row a GPU."""
+    arrays = "".join(f",\n       array_agg({m} ORDER BY bucket) AS {m}" for m in measures)
+    return f"""
+SELECT node, gpu_index, mig_uuid, min(bucket) AS bucket, sum(samples) AS samples,
+       min(bucket_s) AS bucket_s, min(interval_s) AS interval_s,
+       array_agg((extract(epoch FROM bucket) * 1000000)::int8 ORDER BY bucket) AS bucket_us{arrays}
+FROM ({{rows}}) g
+GROUP BY node, gpu_index, mig_uuid
+ORDER BY node, gpu_index, mig_uuid NULLS FIRST
+"""
+
+
+def _unordered(query: str) -> str:
+    """A GPU statement without its final ``ORDER BY`` (the rows are ordered again, a GPU's in its arrays)."""
+    body, _, order = query.rpartition("ORDER BY")
+    if not body or ")" in order:
+        raise ValueError("not a GPU series statement: it does not end in ORDER BY")
+    return body
+
+
+def _read_gpu_statements(conn: Connection, statements: list[tuple[str, dict[str, Any]]]) -> list[dict[str, Any]]:
+    """The rows of the first of a GPU chart's ``statements`` that returns any, under :data:`CHART_SETTINGS`."""
     if statements and (not conn.autocommit or conn.info.transaction_status == TransactionStatus.INTRANS):
         # For this transaction only (the API's or the dashboard's unit of work), see CHART_SETTINGS.
         for name, value in CHART_SETTINGS.items():

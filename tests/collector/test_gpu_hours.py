@@ -224,6 +224,35 @@ def test_utilisation_alone_reads_what_the_whole_series_says_of_it(
         queries.gpu_series(conn, CLUSTER, job_id, measures=("util_gpu", "gpu_name"))
 
 
+def test_a_row_a_gpu_holds_the_rows_buckets_and_values(
+    client: Any, conn: psycopg.Connection[Any], job_id: str
+) -> None:
+    """``gpu_series_by_gpu`` (a page's read: a row a GPU, its buckets and values as arrays) at each grain:
+    the rows ``gpu_series`` gives, GPU by GPU and bucket by bucket, NULL readings and the MIG device too."""
+    t0 = _hour_ago(7) + 10 * 60 * S
+    _post_all(client, [_run(job_id, t0, 900)])  # 5 hours
+    start_us = t0 - t0 % HOUR_US
+    start, end = _aligned(start_us, 2, 2)
+    # 800 buckets: a sample each (the samples are 20 s apart), so a NULL reading is a NULL bucket.
+    for points, grain in ((2, queries.GPU_FROM_HOURS), (20, queries.GPU_FROM_MINUTES), (800, queries.GPU_FROM_SAMPLES)):
+        assert queries.gpu_series_statements(conn, CLUSTER, job_id, start=start, end=end, points=points)[0][0] == grain
+        for measures in (queries.GPU_MEASURES, queries.UTILISATION):
+            window = {"start": start, "end": end, "points": points, "measures": measures}
+            rows = queries.gpu_series(conn, CLUSTER, job_id, **window)
+            gpus = queries.gpu_series_by_gpu(conn, CLUSTER, job_id, **window)
+            assert [(g["node"], g["gpu_index"], g["mig_uuid"]) for g in gpus] == [
+                ("n1", 0, None), ("n1", 1, None), ("n2", 0, "MIG-a")]
+            exploded = [{"node": g["node"], "gpu_index": g["gpu_index"], "mig_uuid": g["mig_uuid"],
+                         "bucket": ts_from_us(at), "bucket_s": g["bucket_s"], "interval_s": g["interval_s"],
+                         **{m: g[m][i] for m in measures}}
+                        for g in gpus for i, at in enumerate(g["bucket_us"])]
+            _same(exploded, [{k: row[k] for k in exploded[0]} for row in rows])
+            for g in gpus:
+                own = [r for r in rows if (r["node"], r["gpu_index"]) == (g["node"], g["gpu_index"])]
+                assert g["bucket"] == own[0]["bucket"] and g["samples"] == sum(r["samples"] for r in own)
+    assert any(v is None for g in gpus for v in g["util_gpu"])  # the last read's, the samples'
+
+
 @pytest.fixture
 def conn(database_url: str) -> Iterator[psycopg.Connection[Any]]:
     with psycopg.connect(database_url, autocommit=True, row_factory=dict_row) as c:

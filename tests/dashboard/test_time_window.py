@@ -22,8 +22,8 @@ from psycopg.rows import DictRow, dict_row
 from streamlit.testing.v1 import AppTest
 
 from jobsight.collector.query import series as queries
-from jobsight.collector.query.grids import RAW_ROWS_MAX, read_gpu_grid
-from jobsight.dashboard import charts, time_window, vega
+from jobsight.collector.query.grids import RAW_ROWS_MAX, read_gpu_grid, read_gpu_grid_by_gpu
+from jobsight.dashboard import charts, gpu_columns, time_window, vega
 from jobsight.dashboard.settings import load_dashboard_settings
 from tests.dashboard import drawn_heatmap
 from tests.dashboard.conftest import texts
@@ -112,6 +112,25 @@ def test_a_long_window_of_many_samples_reads_the_rollups(recording: Recording, s
                          span=dt.timedelta(hours=1))
     assert min(r["bucket_s"] for r in rows) >= queries.ROLLUP_MIN_BUCKET_S
     assert _raw_rows_scanned(recording, recording.statements) <= RAW_ROWS_MAX
+
+
+@pytest.mark.parametrize("span", [RECENT, None], ids=["recent", "all"])
+def test_the_page_reads_a_row_a_gpu_and_draws_the_same_cells(recording: Recording, sixteen: BigJob,
+                                                              span: dt.timedelta | None) -> None:
+    """The page reads its GPUs a row a GPU (``read_gpu_grid_by_gpu``, its buckets as arrays) and builds its
+    frame a column at a time: the frame of the grid's rows, cell for cell, from the same raw rows."""
+    settings = load_dashboard_settings()
+    budget = (recording, sixteen.cluster, sixteen.job_id, settings.heatmap_cells, settings.chart_points)
+    rows = read_gpu_grid(*budget, span=span, measures=queries.UTILISATION)
+    scanned = _raw_rows_scanned(recording, recording.statements)
+    recording.statements = []
+    frame = gpu_columns.frame(read_gpu_grid_by_gpu(*budget, span=span, measures=queries.UTILISATION),
+                              queries.UTILISATION)
+    assert _raw_rows_scanned(recording, recording.statements) == scanned
+    expected = pd.DataFrame(rows)[list(frame.columns)]
+    assert len(frame) == len(rows) > 16
+    pd.testing.assert_frame_equal(frame, expected, check_dtype=False)
+    assert frame["bucket"].dt.tz is not None and frame["util_gpu"].dtype == float
 
 
 def test_windows_clip_the_domain_and_keep_to_the_address_s_tokens() -> None:
