@@ -253,6 +253,20 @@ def test_a_row_a_gpu_holds_the_rows_buckets_and_values(
     assert any(v is None for g in gpus for v in g["util_gpu"])  # the last read's, the samples'
 
 
+def test_a_chart_read_sets_its_planner_settings_for_its_transaction_only(
+    client: Any, conn: psycopg.Connection[Any], job_id: str
+) -> None:
+    _post_all(client, [_run(job_id, _hour_ago(2), 30)])
+    before = {name: conn.execute(f"SHOW {name}").fetchone()[name] for name in queries.CHART_SETTINGS}
+    assert before != queries.CHART_SETTINGS
+    for read in (queries.gpu_series, queries.gpu_series_by_gpu):
+        with conn.transaction():
+            assert read(conn, CLUSTER, job_id, points=10)
+            assert {name: conn.execute(f"SHOW {name}").fetchone()[name]
+                    for name in queries.CHART_SETTINGS} == queries.CHART_SETTINGS
+        assert {name: conn.execute(f"SHOW {name}").fetchone()[name] for name in queries.CHART_SETTINGS} == before
+
+
 @pytest.fixture
 def conn(database_url: str) -> Iterator[psycopg.Connection[Any]]:
     with psycopg.connect(database_url, autocommit=True, row_factory=dict_row) as c:
