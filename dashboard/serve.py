@@ -1,8 +1,7 @@
 """The dashboard's server, which ``jobsight dashboard`` runs with ``streamlit run``: Streamlit's own
 (``st.App``) serving ``app.py``, each page's address answered by a page that names the server
 (:mod:`jobsight.dashboard.page_paths`). Streamlit finds ``app`` by reading this file; importing it
-builds the server, so nothing else imports it. As it starts, it imports what the pages use and settles
-its heap (:mod:`jobsight.dashboard.heap`)."""
+builds the server, so nothing else imports it."""
 
 from __future__ import annotations
 
@@ -13,7 +12,7 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse
 from starlette.routing import Route
 
-from jobsight.dashboard import heap, page_paths
+from jobsight.dashboard import page_paths
 
 PAGE = page_paths.page_html()
 
@@ -25,6 +24,3 @@ async def page(_: Request) -> HTMLResponse:
 
 app = st.App(Path(__file__).resolve().parent / "app.py",
              routes=[Route(f"/{path}", page, methods=["GET", "HEAD"]) for path in page_paths.ALL])
-
-# What the pages import is imported now and left out of the collector's full collections (heap.settle).
-heap.settle()
