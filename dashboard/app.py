@@ -14,6 +14,7 @@ from pathlib import Path
 import streamlit as st
 
 from jobsight.collector.config.settings import SettingsError
+from jobsight.dashboard import heap
 from jobsight.dashboard.identity import viewer_or_stop
 from jobsight.dashboard.markup import plain
 from jobsight.dashboard.page_paths import ACTIONS_PAGE, SUSPECTS_PAGE
@@ -69,4 +70,8 @@ if settings.auth_mode == "oidc":
     log_out.button("Log out", on_click=st.logout)
 else:  # one element, not a row of two columns with nothing in one (every element costs the browser)
     st.caption(signed_in_as)
-page.run()
+try:
+    page.run()
+finally:
+    # After the page (a rerun or a stop ends it with an exception): it is what imports the modules.
+    heap.settle()
