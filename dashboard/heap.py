@@ -2,7 +2,7 @@
 
 Python's collector of reference cycles looks at every object it tracks now and then (its oldest
 generation, once enough objects have lived long). In the dashboard's server most of them are the
-modules' own: pandas, Altair's schema classes, PyArrow, Streamlit, some 320,000 objects that live as
+modules' own: pandas, Altair's schema classes, PyArrow, Streamlit, some 335,000 objects that live as
 long as the process. Such a collection held the interpreter for 30-170 ms, growing with the heap,
 during about one page load in five (docs/scale.md). Made permanent (``gc.freeze``) once the pages have
 imported them, they are left out of every collection, which then looks only at what pages make.
