@@ -2,6 +2,7 @@
 
     python bench/browser_page.py                    # 8 × 8 and 64 × 8 GPUs, 30 minutes at 1 Hz
     python bench/browser_page.py --nodes 8 --loads 5
+    python bench/browser_page.py --nodes 8 --loads 12 --cpu   # and the CPU a load costs each process
 
 A 2-GPU job of the same shape is timed first as the reference: what a job page costs on this
 machine with hardly any data (Streamlit's session start, the page's fixed parts, Chromium), so
@@ -62,6 +63,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 # function; the dashboard process inherits the quieter level too.
 os.environ.setdefault("STREAMLIT_LOGGER_LEVEL", "error")
 
+from bench.cpu_per_load import CpuMeter  # noqa: E402
 from bench.live_feed import live_feed  # noqa: E402
 from bench.stack import REPO, Stack, median_time, running_stack  # noqa: E402
 from jobsight.collector.query import grids  # noqa: E402
@@ -261,6 +263,9 @@ def main() -> None:
     parser.add_argument("--no-floor", action="store_true",
                         help="skip the three-chart Streamlit page timed first: the floor the ratios are to")
     parser.add_argument("--screenshots", type=Path, help="save each page's screenshot in this folder")
+    parser.add_argument("--cpu", action="store_true",
+                        help="print the CPU each page's load costs each process (the browser's renderer, its "
+                             "GPU process, the servers, PostgreSQL), beside the times (bench/cpu_per_load.py)")
     args = parser.parse_args()
     settings = load_dashboard_settings()
     print(f"budgets: heatmap {settings.heatmap_cells:,} cells, lines {settings.line_points:,} points per chart, "
@@ -286,12 +291,20 @@ def main() -> None:
             pages |= {job.job_id: f"{url}/job?{urlencode({'cluster': CLUSTER, 'job': job.job_id})}" for job in jobs}
             charts = {name: settle(driver, page) for name, page in pages.items()}
             before = {job.job_id: open_findings(stack, job) for job in jobs}
-            loads = timed_rounds(driver, pages, charts, args.loads, settings.cache_ttl_s)
+            meter = None
+            if args.cpu:
+                servers = {SERVED_PIDS[served_url]: "page servers" for served_url in (floor_url, url) if served_url}
+                meter = CpuMeter({**servers, **({stack.process.pid: "collector"} if stack.process else {})})
+                meter.calibrate()
+            loads = timed_rounds(driver, pages, charts, args.loads, settings.cache_ttl_s, meter)
             floor = None if floor_url is None else report_floor(loads[FLOOR], charts[FLOOR])
             for job in jobs:
                 report_job(job, loads[job.job_id], charts[job.job_id], reads[job.job_id], floor)
                 print(f"{'':>8} {job.job_id}'s health: {before[job.job_id]} at the first load, "
                       f"{open_findings(stack, job)} at the last", flush=True)
+            if meter is not None:
+                for name in pages:
+                    print(meter.report(name, None if floor_url is None else FLOOR), flush=True)
             if args.screenshots:
                 screenshots(driver, pages, charts, args.screenshots)
         if feed.failures:
@@ -312,19 +325,23 @@ def open_findings(stack: Stack, job: BigJob) -> str:
 
 
 def timed_rounds(driver: Any, pages: dict[str, str], charts: dict[str, int], loads: int,
-                 cache_ttl_s: float) -> dict[str, list[float]]:
+                 cache_ttl_s: float, meter: CpuMeter | None = None) -> dict[str, list[float]]:
     """``loads`` timed loads of every page, taken in rounds: in each round every page in turn gets one
     untimed load (the browser comes from another page) and then up to :data:`PER_ROUND` timed ones, each
     a load of the page over itself, as a researcher reloads it. What drifts over the run (the machine's
     other work, the browser's state, the jobs' data) then falls on every page alike. Each load waits
-    out the query cache, so it runs the page's reads."""
+    out the query cache, so it runs the page's reads. With ``meter``, each timed load's CPU by process
+    is kept in it too (``--cpu``)."""
     times: dict[str, list[float]] = {name: [] for name in pages}
     while any(len(taken) < loads for taken in times.values()):
         for name, page in pages.items():
             timed_load(driver, page, charts[name])
             for _ in range(min(PER_ROUND, loads - len(times[name]))):
                 time.sleep(cache_ttl_s + 1)
-                times[name].append(timed_load(driver, page, charts[name]))
+                def load(page: str = page, name: str = name) -> float:
+                    return timed_load(driver, page, charts[name])
+
+                times[name].append(load() if meter is None else meter.measure(name, load))
     return times
 
 
