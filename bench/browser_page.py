@@ -338,10 +338,8 @@ def timed_rounds(driver: Any, pages: dict[str, str], charts: dict[str, int], loa
             timed_load(driver, page, charts[name])
             for _ in range(min(PER_ROUND, loads - len(times[name]))):
                 time.sleep(cache_ttl_s + 1)
-                def load(page: str = page, name: str = name) -> float:
-                    return timed_load(driver, page, charts[name])
-
-                times[name].append(load() if meter is None else meter.measure(name, load))
+                load = (driver, page, charts[name])
+                times[name].append(timed_load(*load) if meter is None else meter.measure(name, timed_load, *load))
     return times
 
 

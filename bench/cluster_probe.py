@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import datetime as dt
 import math
-import os
 import urllib.request
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -14,28 +13,13 @@ from typing import Any
 import psycopg
 from prometheus_client.parser import text_string_to_metric_families
 
-CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
-
+from bench import proc_stat
 
 # -- CPU --------------------------------------------------------------------------------
 
 def _proc_table() -> dict[int, tuple[int, float]]:
     """Every process now: pid -> (parent pid, CPU seconds of it and of its reaped children)."""
-    table: dict[int, tuple[int, float]] = {}
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/stat", encoding="ascii", errors="replace") as handle:
-                stat = handle.read()
-        except OSError:
-            continue  # gone meanwhile
-        # Field 2 (the command) may hold spaces; the fields after its ")" are fixed:
-        # ppid is field 4, utime..cstime fields 14-17.
-        fields = stat.rsplit(")", 1)[1].split()
-        ticks = sum(int(v) for v in fields[11:15])
-        table[int(name)] = (int(fields[1]), ticks / CLOCK_TICKS)
-    return table
+    return {pid: (stat.ppid, stat.cpu_s + stat.reaped_s) for pid, stat in proc_stat.every().items()}
 
 
 def tree_cpu_seconds(roots: Iterable[int]) -> dict[int, float]:

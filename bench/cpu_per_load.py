@@ -6,7 +6,7 @@ cores are busy most of a load, so a load takes about as long as its CPU time ove
 times of a load then move with whatever else the machine does; the CPU a load costs each process
 says which of them a change to the page moved, and by how much.
 
-Read from ``/proc/<pid>/stat`` (user and system time of every process, threads included) before
+Read from ``/proc`` (:mod:`bench.proc_stat`: user and system time of every process, threads included) before
 and after each timed load. What each group spends when no page loads (the live feed's ingest, the
 servers' timers) is measured first and taken off in proportion to the load's time, so that a
 longer load is not charged the background it happened to overlap.
@@ -14,20 +14,17 @@ longer load is not charged the background it happened to overlap.
 
 from __future__ import annotations
 
-import os
-import re
 import statistics
 import time
-from collections import Counter
+from collections import defaultdict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Final, TypeVar
+from typing import Any, Final, TypeVar
+
+from bench import proc_stat
 
 T = TypeVar("T")
-
-TICK_S: Final = 1.0 / os.sysconf("SC_CLK_TCK")
-PROC: Final = Path("/proc")
 CHROMIUM_TYPES: Final = {"renderer": "renderer", "gpu-process": "GPU process"}
 """Chromium's ``--type`` of a child process and the name it is reported under; ``browser`` is the
 process without one (Chromium's own), every other type is ``browser (other)``."""
@@ -46,31 +43,25 @@ def _group(pid: int, argv: list[str], named: Mapping[int, str]) -> str | None:
     if program in ("chromium", "chrome", "chrome-headless-shell"):
         kind = next((arg.split("=", 1)[1] for arg in argv if arg.startswith("--type=")), None)
         return "browser" if kind is None else CHROMIUM_TYPES.get(kind, "browser (other)")
-    if program == "postgres" or (argv and re.search(r"(^|/)postgres(:|$)", argv[0])):
+    if program.rstrip(":") == "postgres":  # the server's path, or a backend's title ("postgres: …")
         return "PostgreSQL"
     return None
 
 
-def snapshot(named: Mapping[int, str]) -> Counter[str]:
+def snapshot(named: Mapping[int, str]) -> defaultdict[str, float]:
     """CPU seconds so far of each group's processes (those alive now), by group; ``named``: a group for
     given pids (the servers the bench started)."""
-    spent: Counter[str] = Counter()
-    for entry in PROC.iterdir():
-        if not entry.name.isdigit():
-            continue
+    spent: defaultdict[str, float] = defaultdict(float)
+    for pid, stat in proc_stat.every().items():
         try:
-            argv = (entry / "cmdline").read_bytes().decode(errors="replace").split("\0")
-            stat = (entry / "stat").read_text()
-        except OSError:  # gone between the listing and the read
+            argv = (proc_stat.PROC / str(pid) / "cmdline").read_bytes().decode(errors="replace").split("\0")
+        except OSError:  # gone since
             continue
         words = [arg for arg in argv if arg]
         if len(words) == 1 and " " in words[0]:  # a title set over the arguments: Chromium's children, PostgreSQL's
             words = words[0].split()
-        group = _group(int(entry.name), words, named)
-        if group is None:
-            continue
-        fields = stat.rsplit(")", 1)[1].split()  # after the command's name, which may hold spaces
-        spent[group] += (int(fields[11]) + int(fields[12])) * TICK_S  # utime, stime
+        if (group := _group(pid, words, named)) is not None:
+            spent[group] += stat.cpu_s
     return spent
 
 
@@ -81,7 +72,7 @@ class CpuMeter:
     named: Mapping[int, str]
     background: dict[str, float] = field(default_factory=dict)
     """CPU seconds a second each group spends with no page loading."""
-    loads: dict[str, list[Counter[str]]] = field(default_factory=dict)
+    loads: dict[str, list[dict[str, float]]] = field(default_factory=dict)
     """Each page's loads, the CPU seconds of each group."""
 
     def calibrate(self, seconds: float = 10.0) -> None:
@@ -91,20 +82,23 @@ class CpuMeter:
         after, elapsed = snapshot(self.named), time.monotonic() - began
         self.background = {group: max(0.0, (after[group] - before[group]) / elapsed) for group in after}
 
-    def measure(self, page: str, load: Callable[[], T]) -> T:
-        """``load()``, its CPU by group kept for ``page``."""
+    def measure(self, page: str, load: Callable[..., T], *args: Any) -> T:
+        """``load(*args)``, its CPU by group kept for ``page``."""
         before, began = snapshot(self.named), time.monotonic()
-        result = load()
+        result = load(*args)
         after, elapsed = snapshot(self.named), time.monotonic() - began
-        self.loads.setdefault(page, []).append(Counter({
+        self.loads.setdefault(page, []).append({
             group: after[group] - before[group] - self.background.get(group, 0.0) * elapsed
-            for group in set(after) | set(before)}))
+            for group in set(after) | set(before)})
         return result
 
     def mean_ms(self, page: str) -> dict[str, float]:
-        """Mean CPU milliseconds a load of ``page``, by group (:data:`GROUPS` order) and in all."""
+        """Mean CPU milliseconds a load of ``page``, by group (:data:`GROUPS` order) and in all; empty when
+        none was measured."""
         loads = self.loads.get(page, [])
-        means = {group: 1000 * statistics.fmean(load[group] for load in loads) for group in GROUPS} if loads else {}
+        if not loads:
+            return {}
+        means = {group: 1000 * statistics.fmean(load.get(group, 0.0) for load in loads) for group in GROUPS}
         return {**means, "all": sum(means.values())}
 
     def report(self, page: str, floor: str | None) -> str:

@@ -24,7 +24,6 @@ number of error pages seen; an error page is a failure of the dashboard, not a s
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import sys
 import time
@@ -34,6 +33,7 @@ from urllib.parse import urlencode
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench import proc_stat  # noqa: E402
 from bench.browser_page import (  # noqa: E402
     CLUSTER,
     PAGE_STATE,
@@ -101,12 +101,6 @@ def live(driver: Any, windows: list[str], seconds: float) -> tuple[int, int]:
     return errors, polls
 
 
-def cpu_seconds(pid: int) -> float:
-    """User and system CPU time of process ``pid`` so far (/proc/<pid>/stat), in seconds."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--pages", type=int, default=20, help="live job pages open at once (default 20)")
@@ -136,12 +130,12 @@ def main() -> None:
             time.sleep(settings.cache_ttl_s + 1)
             # The server's share: the dashboard's CPU time, apart from the browser's on the same machine.
             pid, began = SERVED_PIDS[url], time.monotonic()
-            cpu = cpu_seconds(pid)
+            cpu = proc_stat.read(pid).cpu_s
             times, poll = together(driver, windows, page, charts)
-            cpu_together, wall_together = cpu_seconds(pid) - cpu, time.monotonic() - began
-            cpu = cpu_seconds(pid)
+            cpu_together, wall_together = proc_stat.read(pid).cpu_s - cpu, time.monotonic() - began
+            cpu = proc_stat.read(pid).cpu_s
             errors, polls = live(driver, windows, args.live_s)
-            cpu_live = cpu_seconds(pid) - cpu
+            cpu_live = proc_stat.read(pid).cpu_s - cpu
     one = statistics.median(alone)
     median, slowest = statistics.median(times), max(times)
     print(f"{job.job_id} ({job.gpus} GPUs), {charts} charts: one page alone {one:5.2f} s "

@@ -30,6 +30,7 @@ from urllib.parse import urlparse
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench import proc_stat  # noqa: E402
 from bench.stack import Stack, running_stack  # noqa: E402
 from jobsight.protocol.tokens import mint_job_token, mint_node_token  # noqa: E402
 from jobsight.protocol.wire import encode_batch, now_us  # noqa: E402
@@ -113,18 +114,8 @@ def cpu_seconds(pid: int | None, *, with_children: bool = False) -> float:
     """User + system CPU seconds of ``pid`` (and of its live children: a PostgreSQL server's backends)."""
     if pid is None:
         return 0.0
-    ticks = os.sysconf("SC_CLK_TCK")
-    total = 0.0
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(entry.name) == pid or (with_children and int(fields[1]) == pid):
-            total += (int(fields[11]) + int(fields[12])) / ticks
-    return total
+    return sum(stat.cpu_s for stat in proc_stat.every().values()
+               if stat.pid == pid or (with_children and stat.ppid == pid))
 
 
 def percentile(values: list[float], share: float) -> float:
